@@ -1,0 +1,212 @@
+"""judgectl: the operator's command line (migrations, submissions, rejudge, status, workers).
+
+Errors are one clear line on stderr and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import psycopg
+from psycopg.rows import dict_row
+
+from . import credentials, leases, migrations
+from .sqlfiles import Statements
+
+OPS = Statements("operator.sql")
+
+
+class CtlError(Exception):
+    pass
+
+
+def _connect(dsn: str | None) -> psycopg.Connection:
+    dsn = dsn or os.environ.get("JUDGE_DSN")
+    if not dsn:
+        raise CtlError("no database given: pass --dsn or set JUDGE_DSN")
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise CtlError(f"cannot connect to the database: {str(exc).strip().splitlines()[0]}") from None
+
+
+def cmd_migrate(args, conn) -> int:
+    done = migrations.migrate(conn, args.to)
+    for line in done:
+        print(line)
+    if not done:
+        print(f"nothing to do: schema is at version {migrations.current_version(conn)}")
+    return 0
+
+
+def cmd_problem_add(args, conn) -> int:
+    try:
+        row = conn.execute(OPS.add_problem, {"slug": args.slug, "title": args.title or args.slug,
+                                             "xp_reward": args.xp, "time_limit_ms": args.time_limit_ms,
+                                             "memory_limit_kb": args.memory_limit_kb}).fetchone()
+    except psycopg.errors.UniqueViolation:
+        raise CtlError(f"problem {args.slug!r} already exists") from None
+    except psycopg.errors.CheckViolation as exc:
+        raise CtlError(f"invalid problem: {exc.diag.message_primary}") from None
+    print(row[0])
+    return 0
+
+
+def cmd_submit(args, conn) -> int:
+    if args.language not in leases.LANGUAGES:
+        raise CtlError(f"unknown language {args.language!r} (choose from {', '.join(sorted(leases.LANGUAGES))})")
+    try:
+        source = Path(args.source).read_text(encoding="utf-8") if args.source != "-" else sys.stdin.read()
+    except OSError as exc:
+        raise CtlError(f"cannot read source {args.source}: {exc.strerror}") from None
+    problem = conn.execute(OPS.find_problem, {"slug": args.problem}).fetchone()
+    if problem is None:
+        raise CtlError(f"unknown problem {args.problem!r}")
+    with conn.transaction():
+        user_id = conn.execute(OPS.ensure_user, {"name": args.user}).fetchone()[0]
+    print(leases.submit(conn, user_id, problem[0], args.language, source))
+    return 0
+
+
+def cmd_rejudge(args, conn) -> int:
+    moved = dict(leases.rejudge(conn, args.submission_ids))
+    missing = [sid for sid in args.submission_ids if sid not in moved]
+    for sid, gen in moved.items():
+        print(f"{sid} pending (lease_gen {gen})")
+    if missing:
+        raise CtlError(f"not rejudged (unknown or not in a terminal state): {', '.join(map(str, missing))}")
+    return 0
+
+
+def cmd_status(args, conn) -> int:
+    with conn.cursor(row_factory=dict_row) as cur:
+        queue = cur.execute(OPS.status_queue).fetchall()
+        in_flight = cur.execute(OPS.status_leases).fetchall()
+        workers = cur.execute(OPS.status_workers).fetchall()
+    if args.json:
+        print(json.dumps({"queue": queue, "leases": in_flight, "workers": workers}, default=str, indent=2))
+        return 0
+    print("queue:")
+    for row in queue:
+        print(f"  {row['status']:<13} {row['count']:>6}")
+    print("leases in flight:")
+    if not in_flight:
+        print("  (none)")
+    for row in in_flight:
+        print(f"  #{row['submission_id']:<6} {row['worker_id'] or '-':<12} gen {row['lease_gen']:<3} "
+              f"age {row['age_s']:>6.1f}s  expires in {row['expires_in_s'] if row['expires_in_s'] is not None else '-':>6}s "
+              f"{'confirmed' if row['confirmed'] else 'unconfirmed'} attempt {row['judge_attempts']}")
+    print("workers:")
+    if not workers:
+        print("  (none)")
+    for row in workers:
+        seen = f"{row['last_seen_ago_s']:.1f}s ago" if row["last_seen_ago_s"] is not None else "never"
+        state = "revoked" if row["revoked"] else "active"
+        print(f"  {row['worker_id']:<12} {row['kind']:<10} {state:<8} last heard {seen:<14} "
+              f"leases {row['leases']}  languages {','.join(row['languages'])}")
+    return 0
+
+
+def cmd_worker_add(args, conn) -> int:
+    if not credentials.WORKER_ID.match(args.worker_id):
+        raise CtlError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
+    languages = sorted(set(args.languages.split(",")))
+    unknown = set(languages) - leases.LANGUAGES
+    if unknown:
+        raise CtlError(f"unknown language(s): {', '.join(sorted(unknown))}")
+    secret = credentials.new_secret()
+    try:
+        conn.execute(OPS.add_worker, {"worker_id": args.worker_id, "kind": args.kind, "languages": languages,
+                                      "secret_sha256": credentials.hash_secret(secret)})
+    except psycopg.errors.UniqueViolation:
+        raise CtlError(f"worker {args.worker_id!r} already exists (revoke it first to issue a new credential)") from None
+    credential = credentials.format_credential(args.worker_id, secret)
+    if args.credential_file:
+        path = Path(args.credential_file)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(credential + "\n")
+        print(f"credential for {args.worker_id} written to {path} (mode 0600)")
+    else:
+        print(credential)
+    return 0
+
+
+def cmd_worker_revoke(args, conn) -> int:
+    if conn.execute(OPS.revoke_worker, {"worker_id": args.worker_id}).rowcount == 0:
+        raise CtlError(f"no active worker {args.worker_id!r}")
+    print(f"revoked {args.worker_id}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="judgectl", description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="PostgreSQL connection string (default: $JUDGE_DSN)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="apply or roll back migrations")
+    p.add_argument("--to", help="baseline, stage1, stage4, latest or a version number (default: latest)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("problem", help="manage problems")
+    psub = p.add_subparsers(dest="problem_command", required=True)
+    pa = psub.add_parser("add")
+    pa.add_argument("slug")
+    pa.add_argument("--title")
+    pa.add_argument("--xp", type=int, default=10)
+    pa.add_argument("--time-limit-ms", type=int, default=1000)
+    pa.add_argument("--memory-limit-kb", type=int, default=262144)
+    pa.set_defaults(func=cmd_problem_add)
+
+    p = sub.add_parser("submit", help="submit a solution (prints the submission id)")
+    p.add_argument("--user", required=True)
+    p.add_argument("--problem", required=True, help="problem slug")
+    p.add_argument("--language", required=True)
+    p.add_argument("source", help="source file, or - for standard input")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("rejudge", help="send terminal submissions back to the queue with a new generation")
+    p.add_argument("submission_ids", nargs="+", type=int)
+    p.set_defaults(func=cmd_rejudge)
+
+    p = sub.add_parser("status", help="queue, leases in flight, workers")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("worker", help="manage arbiter workers and their credentials")
+    wsub = p.add_subparsers(dest="worker_command", required=True)
+    wa = wsub.add_parser("add", help="register a worker; prints its credential once")
+    wa.add_argument("worker_id")
+    wa.add_argument("--kind", choices=["home", "production"], required=True)
+    wa.add_argument("--languages", default="c,cpp,python3")
+    wa.add_argument("--credential-file", help="write the credential here (mode 0600) instead of printing it")
+    wa.set_defaults(func=cmd_worker_add)
+    wr = wsub.add_parser("revoke", help="revoke a worker's credential")
+    wr.add_argument("worker_id")
+    wr.set_defaults(func=cmd_worker_revoke)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with _connect(args.dsn) as conn:
+            return args.func(args, conn)
+    except (CtlError, migrations.MigrationError) as exc:
+        print(f"judgectl: error: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.errors.UndefinedTable as exc:
+        print(f"judgectl: error: schema not ready ({exc.diag.message_primary}); run 'judgectl migrate'",
+              file=sys.stderr)
+        return 1
+    except psycopg.OperationalError as exc:
+        print(f"judgectl: error: database: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The submission state machine: a thin Python layer over the named statements.
+
+Every function here is one arrow (or one read that explains an arrow that
+touched nothing) and runs in its own transaction on a connection opened with
+``autocommit=True``. The conditions live in ``sql/queries.sql``; this module
+only turns row counts into outcomes.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from .sqlfiles import arbiter_statements
+
+Q = arbiter_statements()
+
+VERDICTS = frozenset({"AC", "WA", "TLE", "MLE", "RE", "CE", "OLE", "system_error"})
+LANGUAGES = frozenset({"c", "cpp", "python3"})
+TERMINAL = VERDICTS
+
+
+@dataclass(frozen=True)
+class Lease:
+    submission_id: int
+    lease_token: uuid.UUID
+    lease_gen: int
+    expires_at: datetime
+    problem_id: int
+    problem_slug: str
+    language: str
+    source: str
+    attempt: int
+    time_limit_ms: int
+    memory_limit_kb: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "submission_id": self.submission_id,
+            "lease_token": str(self.lease_token),
+            "lease_gen": self.lease_gen,
+            "expires_at": self.expires_at.isoformat(),
+            "problem": {
+                "id": self.problem_id,
+                "slug": self.problem_slug,
+                "time_limit_ms": self.time_limit_ms,
+                "memory_limit_kb": self.memory_limit_kb,
+            },
+            "language": self.language,
+            "source": self.source,
+            "attempt": self.attempt,
+        }
+
+
+def _lease_from_row(row: dict[str, Any]) -> Lease:
+    return Lease(
+        submission_id=row["submission_id"],
+        lease_token=row["lease_token"],
+        lease_gen=row["lease_gen"],
+        expires_at=row["lease_expires_at"],
+        problem_id=row["problem_id"],
+        problem_slug=row["problem_slug"],
+        language=row["language"],
+        source=row["source"],
+        attempt=row["judge_attempts"],
+        time_limit_ms=row["time_limit_ms"],
+        memory_limit_kb=row["memory_limit_kb"],
+    )
+
+
+class WriteOutcome(enum.Enum):
+    """What a heartbeat or a result did. Only ACCEPTED and DUPLICATE wrote (or had written) anything."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # this token already decided the submission: answer as the first time
+    GONE = "gone"  # the token is not (or no longer) the current lease: 410
+    NOT_YOURS = "not_yours"  # the current lease belongs to another worker: 403
+    NOT_FOUND = "not_found"  # no such submission: 404
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    outcome: WriteOutcome
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    outcome: WriteOutcome
+    verdict: str | None = None
+    seq: int | None = None
+    xp_granted: bool = False
+
+
+class GrantState(enum.Enum):
+    LIVE = "live"
+    DEAD = "dead"
+
+
+def _as_uuid(token: str | uuid.UUID) -> uuid.UUID | None:
+    if isinstance(token, uuid.UUID):
+        return token
+    try:
+        return uuid.UUID(token)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def submit(conn: psycopg.Connection, user_id: int, problem_id: int, language: str, source: str) -> int:
+    with conn.transaction():
+        row = conn.execute(
+            Q.submit, {"user_id": user_id, "problem_id": problem_id, "language": language, "source": source}
+        ).fetchone()
+    return row[0]
+
+
+def find_grant(conn: psycopg.Connection, worker_id: str, request_id: str) -> tuple[GrantState, Lease] | None:
+    """The lease an earlier acquire with this request_id got (idempotent acquire)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.find_lease_grant, {"worker_id": worker_id, "request_id": request_id}).fetchone()
+    if row is None:
+        return None
+    return (GrantState.LIVE if row["live"] else GrantState.DEAD), _lease_from_row(row)
+
+
+def acquire(
+    conn: psycopg.Connection,
+    *,
+    worker_id: str,
+    kind: str,
+    request_id: str,
+    languages: list[str],
+    unconfirmed_secs: float,
+    honour_legacy_lock: bool,
+    before_commit=None,
+) -> Lease | None:
+    """pending -> judging for the oldest claimable submission, or None when there is none.
+
+    ``before_commit`` is a test hook called inside the transaction after the
+    write (fault injection for "crash before COMMIT").
+    """
+    with conn.transaction():
+        if honour_legacy_lock:
+            conn.execute(Q.legacy_take_global_lock)
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                Q.acquire_lease,
+                {
+                    "worker_id": worker_id,
+                    "request_id": request_id,
+                    "languages": list(languages),
+                    "unconfirmed_secs": unconfirmed_secs,
+                },
+            ).fetchone()
+        if row is None:
+            return None
+        if honour_legacy_lock:
+            conn.execute(Q.legacy_note_claim, {"worker_id": worker_id, "kind": kind})
+        if before_commit is not None:
+            before_commit()
+    return _lease_from_row(row)
+
+
+def _explain_miss(conn: psycopg.Connection, worker_id: str, submission_id: int, token: uuid.UUID | None) -> WriteOutcome:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q.describe_lease, {"submission_id": submission_id}).fetchone()
+    if row is None:
+        return WriteOutcome.NOT_FOUND
+    if (token is not None and row["status"] == "judging" and row["lease_token"] == token
+            and row["worker_id"] != worker_id):
+        return WriteOutcome.NOT_YOURS
+    return WriteOutcome.GONE
+
+
+def heartbeat(
+    conn: psycopg.Connection, *, worker_id: str, submission_id: int, lease_token: str | uuid.UUID, lease_secs: float
+) -> HeartbeatResult:
+    """judging -> judging: confirm (first call) or extend the lease."""
+    token = _as_uuid(lease_token)
+    if token is None:
+        return HeartbeatResult(_explain_miss(conn, worker_id, submission_id, None))
+    with conn.transaction():
+        row = conn.execute(
+            Q.heartbeat_lease,
+            {"submission_id": submission_id, "lease_token": token, "worker_id": worker_id, "lease_secs": lease_secs},
+        ).fetchone()
+    if row is not None:
+        return HeartbeatResult(WriteOutcome.ACCEPTED, row[0])
+    return HeartbeatResult(_explain_miss(conn, worker_id, submission_id, token))
+
+
+def record_result(
+    conn: psycopg.Connection,
+    *,
+    worker_id: str,
+    submission_id: int,
+    lease_token: str | uuid.UUID,
+    verdict: str,
+    time_ms: int | None = None,
+    memory_kb: int | None = None,
+    detail: dict[str, Any] | None = None,
+) -> ResultRecord:
+    """judging -> verdict under this token; a repeat of the same token answers as the first time."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"unknown verdict {verdict!r}")
+    token = _as_uuid(lease_token)
+    if token is None:
+        return ResultRecord(_explain_miss(conn, worker_id, submission_id, None))
+    with conn.transaction():
+        decided, seq, xp = conn.execute(
+            Q.record_result,
+            {
+                "submission_id": submission_id,
+                "lease_token": token,
+                "worker_id": worker_id,
+                "verdict": verdict,
+                "time_ms": time_ms,
+                "memory_kb": memory_kb,
+                "detail": Jsonb(detail or {}),
+            },
+        ).fetchone()
+    if decided:
+        return ResultRecord(WriteOutcome.ACCEPTED, verdict, seq, bool(xp))
+    with conn.cursor(row_factory=dict_row) as cur:
+        earlier = cur.execute(Q.find_decision_by_lease, {"submission_id": submission_id, "lease_token": token}).fetchone()
+    if earlier is not None:
+        if earlier["worker_id"] != worker_id:
+            return ResultRecord(WriteOutcome.NOT_YOURS)
+        return ResultRecord(WriteOutcome.DUPLICATE, earlier["verdict"], earlier["seq"])
+    return ResultRecord(_explain_miss(conn, worker_id, submission_id, token))
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    submission_id: int
+    new_status: str
+    worker_id: str | None
+
+
+def reclaim_expired(conn: psycopg.Connection, *, max_attempts: int, batch: int = 500) -> list[Reclaimed]:
+    """judging -> pending / system_error for leases whose expiry (DB time) has passed."""
+    with conn.transaction():
+        rows = conn.execute(Q.reclaim_expired, {"max_attempts": max_attempts, "batch": batch}).fetchall()
+    return [Reclaimed(r[0], r[1], r[2]) for r in rows]
+
+
+def grant_grace_period(conn: psycopg.Connection, *, grace_secs: float) -> int:
+    """Give every live lease at least a full lease period from now (DB time)."""
+    with conn.transaction():
+        cur = conn.execute(Q.grant_grace_period, {"grace_secs": grace_secs})
+        return cur.rowcount
+
+
+def rejudge(conn: psycopg.Connection, submission_ids: list[int]) -> list[tuple[int, int]]:
+    """terminal -> pending with a new generation; returns (id, new lease_gen) of those that moved."""
+    with conn.transaction():
+        return [tuple(r) for r in conn.execute(Q.rejudge, {"submission_ids": list(submission_ids)}).fetchall()]
+
+
+def claimable_languages(conn: psycopg.Connection) -> set[str]:
+    return {row[0] for row in conn.execute(Q.claimable_languages).fetchall()}
+
+
+def legacy_tables_present(conn: psycopg.Connection) -> bool:
+    return bool(conn.execute(Q.legacy_tables_present).fetchone()[0])

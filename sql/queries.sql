@@ -1,0 +1,204 @@
+-- The arbiter's named statements. Each arrow of the submission state machine
+-- (docs/architecture.md) is exactly one statement here, and every one of them
+-- carries its precondition in its WHERE clause: zero rows means nothing happened.
+-- Lease time is always the database's now().
+
+-- name: submit
+-- arrow: (new) -> pending
+INSERT INTO submissions (user_id, problem_id, language, source)
+VALUES (%(user_id)s, %(problem_id)s, %(language)s, %(source)s)
+RETURNING id;
+
+-- name: acquire_lease
+-- arrow: pending -> judging. New random token, gen+1, attempts+1, short unconfirmed expiry.
+-- The grant row is written in the same statement; (worker_id, request_id) is unique.
+WITH candidate AS (
+    SELECT id
+    FROM submissions
+    WHERE status = 'pending' AND language = ANY(%(languages)s)
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE submissions s
+    SET status = 'judging',
+        worker_id = %(worker_id)s,
+        lease_token = gen_random_uuid(),
+        lease_gen = s.lease_gen + 1,
+        judge_attempts = s.judge_attempts + 1,
+        lease_expires_at = now() + make_interval(secs => %(unconfirmed_secs)s),
+        lease_confirmed_at = NULL
+    FROM candidate
+    WHERE s.id = candidate.id AND s.status = 'pending'
+    RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
+              s.lease_expires_at, s.judge_attempts
+), granted AS (
+    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
+    SELECT lease_token, id, lease_gen, %(worker_id)s, %(request_id)s FROM leased
+    RETURNING lease_token
+), noted AS (
+    UPDATE workers SET last_lease_at = now()
+    WHERE worker_id = %(worker_id)s AND EXISTS (SELECT 1 FROM leased)
+    RETURNING worker_id
+)
+SELECT leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, leased.language,
+       leased.source, leased.lease_token, leased.lease_gen, leased.lease_expires_at,
+       leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb,
+       (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
+FROM leased JOIN problems p ON p.id = leased.problem_id;
+
+-- name: find_lease_grant
+-- read: the lease an earlier acquire with this request_id got, and whether it is still live.
+SELECT g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug, s.problem_id,
+       s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms, p.memory_limit_kb,
+       (s.status = 'judging' AND s.lease_token = g.lease_token) AS live
+FROM lease_grants g
+JOIN submissions s ON s.id = g.submission_id
+JOIN problems p ON p.id = s.problem_id
+WHERE g.worker_id = %(worker_id)s AND g.request_id = %(request_id)s;
+
+-- name: heartbeat_lease
+-- arrow: judging -> judging (confirm on the first call, extend on each).
+UPDATE submissions
+SET lease_expires_at = now() + make_interval(secs => %(lease_secs)s),
+    lease_confirmed_at = coalesce(lease_confirmed_at, now())
+WHERE id = %(submission_id)s AND status = 'judging'
+  AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
+RETURNING lease_expires_at;
+
+-- name: record_result
+-- arrow: judging -> verdict. History row, verdict, first pass and XP in one statement:
+-- XP is granted only when the first-pass insert inserted.
+WITH decided AS (
+    UPDATE submissions
+    SET status = %(verdict)s, judged_at = now(), lease_expires_at = NULL
+    WHERE id = %(submission_id)s AND status = 'judging'
+      AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
+    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen
+), history AS (
+    INSERT INTO submission_judgings
+        (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by)
+    SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, lease_token, lease_gen, 'worker'
+    FROM decided
+    RETURNING seq
+), first_pass AS (
+    INSERT INTO first_passes (user_id, problem_id, submission_id)
+    SELECT user_id, problem_id, id FROM decided WHERE %(verdict)s = 'AC'
+    ON CONFLICT (user_id, problem_id) DO NOTHING
+    RETURNING user_id, problem_id
+), xp AS (
+    UPDATE users u SET xp = u.xp + p.xp_reward
+    FROM first_pass fp JOIN problems p ON p.id = fp.problem_id
+    WHERE u.id = fp.user_id
+    RETURNING u.id
+)
+SELECT (SELECT count(*) FROM decided) AS decided,
+       (SELECT max(seq) FROM history) AS seq,
+       (SELECT count(*) FROM xp) AS xp_granted;
+
+-- name: find_decision_by_lease
+-- read: did this lease token already decide this submission? (duplicate result)
+SELECT verdict, seq, worker_id
+FROM submission_judgings
+WHERE submission_id = %(submission_id)s AND lease_token = %(lease_token)s AND decided_by = 'worker';
+
+-- name: describe_lease
+-- read: why a conditional write touched nothing (unknown / someone else's / gone).
+SELECT id, status, worker_id, lease_token, lease_gen, lease_expires_at, lease_expires_at < now() AS expired
+FROM submissions
+WHERE id = %(submission_id)s;
+
+-- name: reclaim_expired
+-- arrows: judging -> pending (expired lease), judging -> system_error (expired at the last attempt).
+-- A lease that was never confirmed never reached its worker: its attempt is given back.
+-- Only arbiter leases (lease_token set) expire; legacy claims belong to the legacy scheme.
+WITH expired AS (
+    SELECT id, worker_id, lease_token
+    FROM submissions
+    WHERE status = 'judging' AND lease_token IS NOT NULL AND lease_expires_at < now()
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), reclaimed AS (
+    UPDATE submissions s
+    SET judge_attempts = CASE WHEN s.lease_confirmed_at IS NULL
+                              THEN greatest(s.judge_attempts - 1, 0) ELSE s.judge_attempts END,
+        status = CASE WHEN s.lease_confirmed_at IS NOT NULL AND s.judge_attempts >= %(max_attempts)s
+                      THEN 'system_error' ELSE 'pending' END,
+        judged_at = CASE WHEN s.lease_confirmed_at IS NOT NULL AND s.judge_attempts >= %(max_attempts)s
+                         THEN now() END,
+        worker_id = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        lease_confirmed_at = NULL
+    FROM expired
+    WHERE s.id = expired.id AND s.status = 'judging' AND s.lease_expires_at < now()
+    RETURNING s.id, s.status, expired.worker_id AS old_worker_id,
+              expired.lease_token AS old_lease_token, s.lease_gen
+), history AS (
+    INSERT INTO submission_judgings (submission_id, worker_id, verdict, detail, lease_token, lease_gen, decided_by)
+    SELECT id, coalesce(old_worker_id, 'janitor'), 'system_error',
+           jsonb_build_object('reason', 'lease expired at the last attempt'),
+           old_lease_token, lease_gen, 'janitor'
+    FROM reclaimed WHERE status = 'system_error'
+    RETURNING submission_id
+)
+SELECT id, status, old_worker_id FROM reclaimed;
+
+-- name: grant_grace_period
+-- arrow: judging -> judging (extend every live lease; the arbiter's absence is not the workers' fault).
+UPDATE submissions
+SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(grace_secs)s))
+WHERE status = 'judging' AND lease_token IS NOT NULL;
+
+-- name: rejudge
+-- arrow: terminal -> pending (new generation: every earlier token is dead).
+UPDATE submissions
+SET status = 'pending', lease_gen = lease_gen + 1, lease_token = NULL, worker_id = NULL,
+    lease_expires_at = NULL, lease_confirmed_at = NULL, judge_attempts = 0, judged_at = NULL
+WHERE id = ANY(%(submission_ids)s)
+  AND status IN ('AC', 'WA', 'TLE', 'MLE', 'RE', 'CE', 'OLE', 'system_error')
+RETURNING id, lease_gen;
+
+-- name: claimable_languages
+-- read: which languages have claimable work (one cheap look before matching).
+SELECT DISTINCT language FROM submissions WHERE status = 'pending';
+
+-- name: find_worker_credential
+-- read: a worker's credential hash for bearer authentication.
+SELECT worker_id, kind, languages, secret_sha256, revoked_at IS NOT NULL AS revoked
+FROM workers WHERE worker_id = %(worker_id)s;
+
+-- name: touch_worker
+UPDATE workers SET last_seen_at = now() WHERE worker_id = %(worker_id)s
+  AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
+
+-- name: worker_fairness_order
+-- read: when each worker last got a lease (round-robin fairness is rebuilt from the table).
+SELECT worker_id, last_lease_at FROM workers WHERE worker_id = ANY(%(worker_ids)s);
+
+-- name: legacy_tables_present
+SELECT to_regclass('judge_dispatch_state') IS NOT NULL AS present;
+
+-- name: legacy_take_global_lock
+-- The legacy global lock, honoured by the arbiter while the legacy scheme coexists (stages 2-3).
+SELECT rr_last_home FROM judge_dispatch_state WHERE id = 1 FOR UPDATE;
+
+-- name: legacy_note_claim
+-- Keep the shared round-robin row and the node table as legacy workers expect them.
+WITH node AS (
+    INSERT INTO judge_nodes (worker_id, kind, idle, last_seen)
+    VALUES (%(worker_id)s, %(kind)s, false, now())
+    ON CONFLICT (worker_id) DO UPDATE SET idle = false, last_seen = now(), kind = EXCLUDED.kind
+    RETURNING worker_id
+)
+UPDATE judge_dispatch_state
+SET rr_last_home = CASE WHEN %(kind)s = 'home' THEN %(worker_id)s ELSE rr_last_home END,
+    updated_at = now()
+WHERE id = 1 AND EXISTS (SELECT 1 FROM node);
+
+-- name: legacy_mark_idle
+-- Parked arbiter workers are idle: legacy production workers yield to idle home workers.
+INSERT INTO judge_nodes (worker_id, kind, idle, last_seen)
+SELECT w, k, true, now() FROM unnest(%(worker_ids)s::text[], %(kinds)s::text[]) AS t(w, k)
+ON CONFLICT (worker_id) DO UPDATE SET idle = true, last_seen = now(), kind = EXCLUDED.kind;

@@ -1,0 +1,250 @@
+"""The state machine's arrows, one by one, against a real database."""
+
+import uuid
+
+import psycopg
+import pytest
+
+from arbiter import leases
+from arbiter.leases import WriteOutcome
+from fixtures_data import seed_problem, seed_submissions
+
+
+def add_worker(conn, worker_id, kind="home", languages=("c", "cpp", "python3")):
+    conn.execute("INSERT INTO workers (worker_id, kind, languages, secret_sha256) VALUES (%s, %s, %s, 'x')",
+                 (worker_id, kind, list(languages)))
+
+
+def acquire(conn, worker_id="home-1", request_id=None, languages=("python3",), legacy=False, kind="home"):
+    return leases.acquire(conn, worker_id=worker_id, kind=kind, request_id=request_id or str(uuid.uuid4()),
+                          languages=list(languages), unconfirmed_secs=10, honour_legacy_lock=legacy)
+
+
+def expire_now(conn, sid):
+    """Move one lease's expiry into the past, as if its time had run out."""
+    conn.execute("UPDATE submissions SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (sid,))
+
+
+@pytest.fixture
+def setup(conn):
+    seed_problem(conn)
+    add_worker(conn, "home-1")
+    add_worker(conn, "home-2")
+    return conn
+
+
+def row(conn, sid):
+    return conn.execute("SELECT status, worker_id, lease_gen, judge_attempts, lease_token, "
+                        "lease_expires_at - now() FROM submissions WHERE id = %s", (sid,)).fetchone()
+
+
+def test_acquire_takes_oldest_with_new_token_gen_and_short_expiry(setup):
+    conn = setup
+    first, second = seed_submissions(conn, 2)
+    lease = acquire(conn)
+    assert lease.submission_id == first
+    status, worker, gen, attempts, token, remaining = row(conn, first)
+    assert (status, worker, gen, attempts, token) == ("judging", "home-1", 1, 1, lease.lease_token)
+    assert 9 < remaining.total_seconds() <= 10
+    assert acquire(conn).submission_id == second
+    assert acquire(conn) is None
+
+
+def test_acquire_respects_languages(setup):
+    conn = setup
+    seed_submissions(conn, 1, language="cpp")
+    assert acquire(conn, languages=["python3"]) is None
+    assert acquire(conn, languages=["cpp", "c"]).language == "cpp"
+
+
+def test_same_request_id_finds_the_same_lease(setup):
+    conn = setup
+    seed_submissions(conn, 2)
+    lease = acquire(conn, request_id="req-1")
+    state, again = leases.find_grant(conn, "home-1", "req-1")
+    assert state is leases.GrantState.LIVE and again.lease_token == lease.lease_token
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        acquire(conn, request_id="req-1")
+    assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging'").fetchone()[0] == 1
+    assert leases.find_grant(conn, "home-2", "req-1") is None
+
+
+def test_heartbeat_confirms_and_extends_to_the_full_lease(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    hb = leases.heartbeat(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, lease_secs=60)
+    assert hb.outcome is WriteOutcome.ACCEPTED
+    assert 59 < row(conn, sid)[5].total_seconds() <= 60
+
+
+def test_heartbeat_by_another_worker_is_refused_and_changes_nothing(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    before = row(conn, sid)
+    hb = leases.heartbeat(conn, worker_id="home-2", submission_id=sid, lease_token=lease.lease_token, lease_secs=60)
+    assert hb.outcome is WriteOutcome.NOT_YOURS
+    assert row(conn, sid)[:5] == before[:5]
+    assert leases.heartbeat(conn, worker_id="home-1", submission_id=sid, lease_token=str(uuid.uuid4()),
+                            lease_secs=60).outcome is WriteOutcome.GONE
+    assert leases.heartbeat(conn, worker_id="home-1", submission_id=sid, lease_token="not-a-uuid",
+                            lease_secs=60).outcome is WriteOutcome.GONE
+    assert leases.heartbeat(conn, worker_id="home-1", submission_id=999999, lease_token=lease.lease_token,
+                            lease_secs=60).outcome is WriteOutcome.NOT_FOUND
+
+
+def test_result_writes_once_and_a_repeat_answers_the_same(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    kwargs = dict(worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, verdict="AC", time_ms=5)
+    first = leases.record_result(conn, **kwargs)
+    assert first.outcome is WriteOutcome.ACCEPTED and first.xp_granted
+    again = leases.record_result(conn, **kwargs)
+    assert again.outcome is WriteOutcome.DUPLICATE and (again.verdict, again.seq) == ("AC", first.seq)
+    assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone()[0] == 1
+    assert conn.execute("SELECT xp FROM users").fetchone()[0] == 10
+
+
+def test_ac_xp_granted_once_per_user_and_problem_across_rejudges(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    for _ in range(3):
+        lease = acquire(conn)
+        leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, verdict="AC")
+        leases.rejudge(conn, [sid])
+    assert conn.execute("SELECT xp FROM users").fetchone()[0] == 10
+    assert conn.execute("SELECT count(*) FROM first_passes").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone()[0] == 3
+
+
+def test_unknown_verdict_is_refused_before_any_write(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    with pytest.raises(ValueError):
+        leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, verdict="OK")
+    assert row(conn, sid)[0] == "judging"
+
+
+def test_scenario5_timeline_stale_token_is_fenced(setup):
+    """home-1 gets A, stalls, A is reclaimed, home-1 gets B, A's result arrives late."""
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    token_a = acquire(conn).lease_token
+    leases.heartbeat(conn, worker_id="home-1", submission_id=sid, lease_token=token_a, lease_secs=60)
+    expire_now(conn, sid)
+    assert [r.new_status for r in leases.reclaim_expired(conn, max_attempts=3)] == ["pending"]
+    token_b = acquire(conn).lease_token
+    late = leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=token_a, verdict="WA")
+    assert late.outcome is WriteOutcome.GONE
+    assert row(conn, sid)[0] == "judging"
+    assert leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=token_b,
+                                verdict="AC").outcome is WriteOutcome.ACCEPTED
+    assert conn.execute("SELECT array_agg(verdict) FROM submission_judgings").fetchone()[0] == ["AC"]
+
+
+def test_reclaim_counts_attempts_and_gives_system_error_at_the_third(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    for attempt in (1, 2, 3):
+        lease = acquire(conn)
+        leases.heartbeat(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, lease_secs=60)
+        expire_now(conn, sid)
+        (reclaimed,) = leases.reclaim_expired(conn, max_attempts=3)
+        assert reclaimed.new_status == ("system_error" if attempt == 3 else "pending")
+    assert row(conn, sid)[0] == "system_error"
+    history = conn.execute("SELECT verdict, decided_by, lease_token FROM submission_judgings").fetchall()
+    assert history == [("system_error", "janitor", lease.lease_token)]
+    # The dead token's late result is refused, not mistaken for a duplicate.
+    late = leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token,
+                                verdict="AC")
+    assert late.outcome is WriteOutcome.GONE
+
+
+def test_unconfirmed_lease_returns_without_costing_an_attempt(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    for _ in range(5):
+        acquire(conn)
+        expire_now(conn, sid)
+        assert [r.new_status for r in leases.reclaim_expired(conn, max_attempts=3)] == ["pending"]
+    assert row(conn, sid)[3] == 0
+
+
+def test_reclaim_leaves_live_leases_and_legacy_claims_alone(make_db):
+    db = make_db("stage1")
+    with db.connect() as conn:
+        seed_problem(conn)
+        add_worker(conn, "home-1")
+        live, legacy = seed_submissions(conn, 2)
+        acquire(conn)
+        conn.execute("UPDATE submissions SET status = 'judging', worker_id = 'old-home' WHERE id = %s", (legacy,))
+        assert leases.reclaim_expired(conn, max_attempts=3) == []
+        assert leases.grant_grace_period(conn, grace_secs=60) == 1
+        assert conn.execute("SELECT lease_expires_at FROM submissions WHERE id = %s", (legacy,)).fetchone() == (None,)
+
+
+def test_grace_period_extends_but_never_shortens(setup):
+    conn = setup
+    a, b = seed_submissions(conn, 2)
+    lease_a = acquire(conn)
+    acquire(conn)
+    leases.heartbeat(conn, worker_id="home-1", submission_id=a, lease_token=lease_a.lease_token, lease_secs=300)
+    expire_now(conn, b)
+    assert leases.grant_grace_period(conn, grace_secs=60) == 2
+    assert row(conn, a)[5].total_seconds() > 290
+    assert 59 < row(conn, b)[5].total_seconds() <= 60
+    assert leases.reclaim_expired(conn, max_attempts=3) == []
+
+
+def test_rejudge_only_from_terminal_and_bumps_generation(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    assert leases.rejudge(conn, [sid]) == []
+    leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, verdict="WA")
+    assert leases.rejudge(conn, [sid]) == [(sid, 2)]
+    old = leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token,
+                               verdict="AC")
+    assert old.outcome is WriteOutcome.DUPLICATE and old.verdict == "WA"
+    assert row(conn, sid)[0] == "pending"
+    assert acquire(conn).lease_gen == 3
+
+
+def test_history_is_append_only(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, verdict="WA")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("UPDATE submission_judgings SET verdict = 'AC'")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("DELETE FROM submission_judgings")
+
+
+def test_new_pending_work_notifies(db):
+    with db.connect() as listener, db.connect() as conn:
+        listener.execute("LISTEN submission_pending")
+        seed_problem(conn)
+        seed_submissions(conn, 1, language="cpp")
+        notes = list(listener.notifies(timeout=2, stop_after=1))
+        assert [(n.channel, n.payload) for n in notes] == [("submission_pending", "cpp")]
+
+
+def test_arbiter_honours_the_legacy_global_lock_while_it_exists(make_db):
+    db = make_db("stage1")
+    with db.connect() as conn, db.connect() as legacy:
+        seed_problem(conn)
+        add_worker(conn, "home-1")
+        seed_submissions(conn, 1)
+        conn.execute("SET lock_timeout = '300ms'")
+        with legacy.transaction():
+            legacy.execute("SELECT * FROM judge_dispatch_state WHERE id = 1 FOR UPDATE")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                acquire(conn, legacy=True)
+        lease = acquire(conn, legacy=True)
+        assert lease is not None
+        assert conn.execute("SELECT rr_last_home FROM judge_dispatch_state").fetchone() == ("home-1",)
+        assert conn.execute("SELECT idle FROM judge_nodes WHERE worker_id = 'home-1'").fetchone() == (False,)
