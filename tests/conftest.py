@@ -109,3 +109,12 @@ def own_cluster():
         yield cluster
     finally:
         cluster.destroy()
+
+
+@pytest.fixture
+def arbiters(tmp_path):
+    from procs import Arbiters
+
+    group = Arbiters(tmp_path)
+    yield group
+    group.stop_all()

@@ -1,0 +1,65 @@
+"""The Falcon application: routes, middleware and error mapping."""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+
+from . import db, resources
+from .auth import WorkerAuth
+
+log = logging.getLogger("arbiter.app")
+
+# Routes that answer without the database (probes, metrics, the API description).
+_DB_FREE = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+
+
+class DatabaseGate:
+    """While the database is known to be down, every DB-backed request gets 503 at once."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def process_request(self, req, resp):
+        if req.path not in _DB_FREE and not self.runtime.health.up:
+            raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable",
+                                                retry_after=2)
+
+
+def _database_unavailable(runtime):
+    def handle(req, resp, exc, params):
+        runtime.health.mark_down(exc)
+        raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable", retry_after=2)
+
+    return handle
+
+
+def _unexpected(req, resp, exc, params):
+    if isinstance(exc, falcon.HTTPError):
+        raise exc
+    log.exception("unhandled error", extra={"route": req.uri_template})
+    raise falcon.HTTPInternalServerError(title="internal error")
+
+
+ROUTES = [
+    ("/v1/acquire", resources.Acquire),
+    ("/v1/leases/{submission_id:int(min=1)}/heartbeat", resources.Heartbeat),
+    ("/v1/leases/{submission_id:int(min=1)}/result", resources.Result),
+    ("/v1/status", resources.StatusJson),
+    ("/status", resources.StatusPage),
+    ("/healthz", resources.Healthz),
+    ("/readyz", resources.Readyz),
+    ("/metrics", resources.Metrics),
+    ("/openapi.json", resources.OpenApi),
+]
+
+
+def create_app(runtime) -> falcon.App:
+    app = falcon.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime)])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(db.UNAVAILABLE, _database_unavailable(runtime))
+    for path, resource in ROUTES:
+        app.add_route(path, resource(runtime))
+    return app

@@ -1,0 +1,74 @@
+"""Bearer authentication of workers (``Authorization: Bearer <worker_id>.<secret>``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import falcon
+from psycopg.rows import dict_row
+
+from . import credentials, leases
+from .dispatcher import WorkerIdentity
+
+
+class CredentialCache:
+    """Verified credentials for a few seconds, so that a heartbeat costs one query, not two.
+
+    Keyed by the SHA-256 of the secret; a revocation takes effect within ``ttl`` seconds.
+    """
+
+    def __init__(self, ttl: float):
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], tuple[float, WorkerIdentity]] = {}
+
+    def get(self, worker_id: str, digest: str) -> WorkerIdentity | None:
+        with self._lock:
+            entry = self._entries.get((worker_id, digest))
+        if entry and entry[0] > time.monotonic():
+            return entry[1]
+        return None
+
+    def put(self, worker_id: str, digest: str, identity: WorkerIdentity) -> None:
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[(worker_id, digest)] = (time.monotonic() + self.ttl, identity)
+
+
+def _unauthorized(description: str) -> falcon.HTTPUnauthorized:
+    return falcon.HTTPUnauthorized(title="unauthorized", description=description, challenges=["Bearer"])
+
+
+class WorkerAuth:
+    """Falcon middleware: resources with ``auth = True`` get ``req.context.worker``."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.cache = CredentialCache(runtime.settings.credential_cache_secs)
+
+    def process_resource(self, req, resp, resource, params):
+        if not getattr(resource, "auth", False):
+            return
+        header = req.get_header("Authorization") or ""
+        scheme, _, credential = header.partition(" ")
+        if scheme.lower() != "bearer" or not credential:
+            raise _unauthorized("missing bearer credential")
+        parsed = credentials.parse_credential(credential)
+        if parsed is None:
+            raise _unauthorized("malformed credential")
+        worker_id, secret = parsed
+        digest = credentials.hash_secret(secret)
+        identity = self.cache.get(worker_id, digest)
+        if identity is None:
+            with self.runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                row = cur.execute(leases.Q.find_worker_credential, {"worker_id": worker_id}).fetchone()
+                if row is not None and not row["revoked"] and credentials.secret_matches(secret, row["secret_sha256"]):
+                    conn.execute(leases.Q.touch_worker, {"worker_id": worker_id})
+                    identity = WorkerIdentity(worker_id, row["kind"], tuple(row["languages"]))
+            if identity is None:
+                # Same answer for unknown, revoked and wrong secret: nothing to probe.
+                raise _unauthorized("unknown or revoked credential")
+            self.cache.put(worker_id, digest, identity)
+        req.context.worker = identity

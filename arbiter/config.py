@@ -1,0 +1,97 @@
+"""Arbiter settings: a TOML file (``JUDGE_ARBITER_CONFIG``) plus a few environment overrides.
+
+Unknown keys, wrong types and out-of-range values are refused at start-up
+with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ArbiterSettings:
+    dsn: str = ""
+    bind: str = "127.0.0.1:8080"
+    # lease protocol (DESIGN.md section 5)
+    unconfirmed_secs: float = 10.0
+    lease_secs: float = 60.0
+    grace_secs: float = 60.0
+    max_attempts: int = 3
+    long_poll_max_secs: float = 30.0
+    # server capacity: parked long-polls never take the reserved threads
+    max_parked: int = 48
+    reserved_threads: int = 16
+    max_body_bytes: int = 1_048_576
+    # loops
+    dispatch_tick_secs: float = 1.0
+    janitor_interval_secs: float = 1.0
+    leader_retry_secs: float = 3.0
+    leader_lock_key: int = 0x4A554447  # "JUDG"
+    ready_max_round_age_secs: float = 5.0
+    stuck_alert_secs: float = 30.0
+    db_timeout_secs: float = 3.0
+    credential_cache_secs: float = 5.0
+    instance_name: str = ""
+
+    @property
+    def threads(self) -> int:
+        return self.max_parked + self.reserved_threads
+
+
+_ENV_OVERRIDES = {"JUDGE_DSN": "dsn", "JUDGE_ARBITER_BIND": "bind"}
+
+
+def _coerce(name: str, expected: type, value):
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, expected) or isinstance(value, bool):
+        raise ConfigError(f"config key {name!r} must be {expected.__name__}, got {type(value).__name__}")
+    return value
+
+
+def load_settings(path: str | os.PathLike | None = None, **overrides) -> ArbiterSettings:
+    path = path or os.environ.get("JUDGE_ARBITER_CONFIG")
+    raw: dict = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    dsn_file = raw.pop("dsn_file", None)
+    if dsn_file:
+        try:
+            raw["dsn"] = Path(dsn_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"dsn_file {dsn_file}: {exc.strerror}") from None
+    for env, key in _ENV_OVERRIDES.items():
+        if os.environ.get(env):
+            raw[key] = os.environ[env]
+    raw.update(overrides)
+    known = {f.name: f.type for f in fields(ArbiterSettings)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
+    types = {"str": str, "float": float, "int": int}
+    values = {k: _coerce(k, types[known[k]], v) for k, v in raw.items()}
+    settings = ArbiterSettings(**values)
+    if not settings.dsn:
+        raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
+    positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
+                "janitor_interval_secs", "leader_retry_secs", "ready_max_round_age_secs", "stuck_alert_secs",
+                "db_timeout_secs", "max_attempts", "max_parked", "reserved_threads", "max_body_bytes"]
+    for key in positive:
+        if getattr(settings, key) <= 0:
+            raise ConfigError(f"config key {key!r} must be > 0")
+    if settings.unconfirmed_secs > settings.lease_secs:
+        raise ConfigError("unconfirmed_secs must not exceed lease_secs")
+    return settings

@@ -1,0 +1,78 @@
+"""Database access for the arbiter: a connection pool and a shared "is the DB reachable" flag."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+import psycopg_pool
+
+log = logging.getLogger("arbiter.db")
+
+# Errors meaning "the database is not reachable right now" (as opposed to a bug or bad input).
+UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.AdminShutdown)
+
+
+def connect_kwargs(settings) -> dict:
+    return {
+        "autocommit": True,
+        "connect_timeout": max(1, int(settings.db_timeout_secs)),
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+        "application_name": f"judge-arbiter{('-' + settings.instance_name) if settings.instance_name else ''}",
+        # A statement that hangs longer than this is a stuck database, not work.
+        "options": f"-c statement_timeout={int(settings.db_timeout_secs * 1000) * 2} -c lock_timeout=2000",
+    }
+
+
+def connect(settings) -> psycopg.Connection:
+    return psycopg.connect(settings.dsn, **connect_kwargs(settings))
+
+
+class DbHealth:
+    """Whether the database answered lately. Flipped down by any failed call, up by a good one."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.up = False
+        self.down_since: float | None = time.monotonic()
+        self.generation = 0  # bumps on every down -> up transition
+
+    def mark_up(self) -> bool:
+        """Returns True when this call ends an outage."""
+        with self._lock:
+            if self.up:
+                return False
+            self.up = True
+            self.down_since = None
+            self.generation += 1
+        log.info("database reachable")
+        return True
+
+    def mark_down(self, error: BaseException) -> None:
+        with self._lock:
+            if not self.up:
+                return
+            self.up = False
+            self.down_since = time.monotonic()
+        log.warning("database unreachable", extra={"error": type(error).__name__})
+
+
+def make_pool(settings, health: DbHealth, max_size: int) -> psycopg_pool.ConnectionPool:
+    pool = psycopg_pool.ConnectionPool(
+        settings.dsn,
+        min_size=1,
+        max_size=max_size,
+        kwargs=connect_kwargs(settings),
+        timeout=settings.db_timeout_secs,
+        check=psycopg_pool.ConnectionPool.check_connection,
+        reconnect_timeout=0,  # keep trying forever; requests meanwhile get 503
+        name="arbiter",
+        open=False,
+    )
+    pool.open(wait=False)
+    return pool

@@ -1,0 +1,266 @@
+"""The dispatcher: parked acquire requests and the one loop that matches them with work.
+
+Parked requests live only in memory (principle 1: losing them loses nothing;
+a worker whose request vanished just asks again). The loop wakes on a NOTIFY
+(work became pending), on a newly parked request, or on a short tick. Each
+round: look at the queue -> match (home workers first, fair round-robin among
+equals, language-capable) -> conditional acquire -> wake the parked request,
+and only then marks the round complete (the readiness signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from . import db, faults, leases
+from .metrics import METRICS
+
+log = logging.getLogger("arbiter.dispatcher")
+
+
+class Overloaded(Exception):
+    """All parking places are taken; the caller should answer 503 with Retry-After."""
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    worker_id: str
+    kind: str  # home | production
+    languages: tuple[str, ...]
+
+
+@dataclass(eq=False)
+class Ticket:
+    worker: WorkerIdentity
+    request_id: str
+    languages: tuple[str, ...]
+    parked_at: float = field(default_factory=time.monotonic)
+    lease: leases.Lease | None = None
+    state: str = "parked"  # parked -> matching -> done | parked; parked -> cancelled
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+class Dispatcher:
+    def __init__(self, settings, health: db.DbHealth, is_leader):
+        self.settings = settings
+        self.health = health
+        self.is_leader = is_leader
+        self._lock = threading.Lock()
+        self._parked: dict[tuple[str, str], Ticket] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dispatcher", daemon=True)
+        self._listen: psycopg.Connection | None = None
+        self._work: psycopg.Connection | None = None
+        self.legacy_compat = False
+        self.last_round_completed: float | None = None
+        self.rounds = 0
+        self._legacy_checked = False
+
+    # -- called from request threads -----------------------------------------
+    def park(self, ticket: Ticket) -> None:
+        key = (ticket.worker.worker_id, ticket.request_id)
+        with self._lock:
+            previous = self._parked.pop(key, None)
+            if previous is not None:
+                previous.state = "cancelled"
+                previous.event.set()
+            elif len(self._parked) >= self.settings.max_parked:
+                raise Overloaded()
+            self._parked[key] = ticket
+            METRICS.set_gauge("arbiter_parked_requests", len(self._parked))
+        self.wake()
+
+    def unpark(self, ticket: Ticket, wait_if_matching: float = 5.0) -> leases.Lease | None:
+        """The request is leaving (answered or timed out): take it out, return its lease if it got one."""
+        deadline = time.monotonic() + wait_if_matching
+        while True:
+            with self._lock:
+                if ticket.state != "matching":
+                    key = (ticket.worker.worker_id, ticket.request_id)
+                    if self._parked.get(key) is ticket:
+                        del self._parked[key]
+                    if ticket.state == "parked":
+                        ticket.state = "cancelled"
+                    METRICS.set_gauge("arbiter_parked_requests", len(self._parked))
+                    return ticket.lease
+            if time.monotonic() > deadline:
+                return None
+            ticket.event.wait(0.05)
+
+    def cancel_all(self) -> None:
+        """Leadership lost: every parked request is answered (it will retry elsewhere or later)."""
+        with self._lock:
+            for ticket in self._parked.values():
+                if ticket.state == "parked":
+                    ticket.state = "cancelled"
+                    ticket.event.set()
+
+    def parked_snapshot(self) -> list[Ticket]:
+        with self._lock:
+            return [t for t in self._parked.values() if t.state == "parked"]
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake()
+        self._thread.join(timeout=5)
+        self._close()
+
+    def _close(self) -> None:
+        for conn in (self._listen, self._work):
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        self._listen = self._work = None
+
+    def on_leadership_gained(self) -> None:
+        self._legacy_checked = False
+        self.wake()
+
+    # -- the loop ----------------------------------------------------------------
+    def _connect(self) -> None:
+        if self._work is None:
+            self._work = db.connect(self.settings)
+        if self._listen is None:
+            self._listen = db.connect(self.settings)
+            self._listen.execute("LISTEN submission_pending")
+            # Anything that became pending while we were not listening is found by this round's look
+            # at the queue, so a NOTIFY missed during a disconnect strands nothing.
+            log.info("listening for submission_pending")
+
+    def _wait_for_wake(self) -> None:
+        fds = [self._wake_r]
+        if self._listen is not None:
+            fds.append(self._listen.fileno())
+        try:
+            readable, _, _ = select.select(fds, [], [], self.settings.dispatch_tick_secs)
+        except (OSError, ValueError):
+            readable = []
+        if self._wake_r in readable:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        if self._listen is not None and len(readable) > (1 if self._wake_r in readable else 0):
+            # Drain notifications; their content does not matter, the round looks at the queue itself.
+            for _ in self._listen.notifies(timeout=0):
+                METRICS.inc("arbiter_notifications_total")
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                self._connect()
+                self._wait_for_wake()
+                if self._stop.is_set():
+                    break
+                faults.wedge_point()
+                self.round()
+                backoff = 0.5
+            except db.UNAVAILABLE as exc:
+                self.health.mark_down(exc)
+                self._close()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("dispatch round failed")
+                self._close()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _fairness_order(self, tickets: list[Ticket]) -> list[Ticket]:
+        """Home first; within a kind, whoever got a lease longest ago (from the workers table) goes first."""
+        ids = sorted({t.worker.worker_id for t in tickets})
+        last = dict(self._work.execute(leases.Q.worker_fairness_order, {"worker_ids": ids}).fetchall())
+        epoch = 0.0
+
+        def key(t: Ticket):
+            at = last.get(t.worker.worker_id)
+            return (0 if t.worker.kind == "home" else 1, at.timestamp() if at else epoch, t.parked_at)
+
+        return sorted(tickets, key=key)
+
+    def round(self) -> None:
+        """One dispatch round. Marks the round complete only after the real path ran."""
+        conn = self._work
+        if self.is_leader():
+            if not self._legacy_checked:
+                self.legacy_compat = leases.legacy_tables_present(conn)
+                self._legacy_checked = True
+                log.info("dispatch mode", extra={"legacy_compat": self.legacy_compat})
+            tickets = self.parked_snapshot()
+            claimable = leases.claimable_languages(conn) if tickets else set()
+            if tickets and self.legacy_compat:
+                conn.execute(leases.Q.legacy_mark_idle, {
+                    "worker_ids": [t.worker.worker_id for t in tickets],
+                    "kinds": [t.worker.kind for t in tickets]})
+            if tickets and claimable:
+                for ticket in self._fairness_order(tickets):
+                    if not claimable.intersection(ticket.languages):
+                        continue
+                    lease = self._match(conn, ticket)
+                    if lease is None:
+                        claimable.difference_update(ticket.languages)
+                    if not claimable:
+                        break
+        self.health.mark_up()
+        self.last_round_completed = time.monotonic()
+        self.rounds += 1
+        METRICS.inc("arbiter_dispatch_rounds_total")
+
+    def _match(self, conn: psycopg.Connection, ticket: Ticket) -> leases.Lease | None:
+        with self._lock:
+            if ticket.state != "parked":
+                return None
+            ticket.state = "matching"
+        lease = None
+        try:
+            lease = leases.acquire(
+                conn,
+                worker_id=ticket.worker.worker_id,
+                kind=ticket.worker.kind,
+                request_id=ticket.request_id,
+                languages=list(ticket.languages),
+                unconfirmed_secs=self.settings.unconfirmed_secs,
+                honour_legacy_lock=self.legacy_compat,
+                before_commit=faults.before_commit_hook(),
+            )
+            if lease is not None:
+                faults.after_commit()
+                METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
+                log.info("lease granted", extra={"submission_id": lease.submission_id,
+                                                 "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
+        except psycopg.errors.UniqueViolation:
+            # The same request_id was served concurrently (e.g. by another arbiter): hand out that lease.
+            found = leases.find_grant(conn, ticket.worker.worker_id, ticket.request_id)
+            lease = found[1] if found and found[0] is leases.GrantState.LIVE else None
+        except psycopg.errors.LockNotAvailable:
+            log.warning("legacy global lock busy; will retry next round")
+        finally:
+            with self._lock:
+                ticket.lease = lease
+                ticket.state = "done" if lease is not None else "parked"
+                if ticket.state == "done":
+                    ticket.event.set()
+        return lease

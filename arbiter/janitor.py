@@ -1,0 +1,79 @@
+"""The janitor: hands expired leases back (DB time), after a grace period whenever one is owed.
+
+A grace period is owed at start-up, on gaining leadership and after the
+database was unreachable: the arbiter's absence is not the workers' fault,
+so no lease is reclaimed before every live lease has had a full period to
+report in again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from . import db, leases
+from .metrics import METRICS
+
+log = logging.getLogger("arbiter.janitor")
+
+
+class Janitor:
+    def __init__(self, settings, health: db.DbHealth, is_leader):
+        self.settings = settings
+        self.health = health
+        self.is_leader = is_leader
+        self._grace_owed = threading.Event()
+        self._grace_owed.set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="janitor", daemon=True)
+        self._conn = None
+        self._health_generation = None
+
+    def owe_grace(self) -> None:
+        self._grace_owed.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.janitor_interval_secs):
+            if not self.is_leader():
+                continue
+            try:
+                self.sweep()
+            except db.UNAVAILABLE as exc:
+                self.health.mark_down(exc)
+                self.owe_grace()
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+            except Exception:  # noqa: BLE001
+                log.exception("janitor sweep failed")
+                self.owe_grace()
+
+    def sweep(self) -> list[leases.Reclaimed]:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.settings)
+        if self._health_generation != self.health.generation:
+            # The database came back (or we just started): a grace period before any reclaim.
+            self._health_generation = self.health.generation
+            self._grace_owed.set()
+        if self._grace_owed.is_set():
+            extended = leases.grant_grace_period(self._conn, grace_secs=self.settings.grace_secs)
+            self._grace_owed.clear()
+            METRICS.inc("arbiter_grace_periods_total")
+            log.info("grace period granted", extra={"leases_extended": extended,
+                                                    "grace_secs": self.settings.grace_secs})
+            return []
+        reclaimed = leases.reclaim_expired(self._conn, max_attempts=self.settings.max_attempts)
+        for item in reclaimed:
+            METRICS.inc("arbiter_leases_reclaimed_total", outcome=item.new_status)
+            log.warning("lease expired", extra={"submission_id": item.submission_id, "worker_id": item.worker_id,
+                                                "new_status": item.new_status})
+        return reclaimed

@@ -1,0 +1,62 @@
+"""A small Prometheus text-format registry (counters and gauges with labels)."""
+
+from __future__ import annotations
+
+import threading
+
+_HELP = {
+    "arbiter_parked_requests": ("gauge", "Acquire requests parked right now"),
+    "arbiter_dispatch_rounds_total": ("counter", "Dispatch rounds completed"),
+    "arbiter_notifications_total": ("counter", "NOTIFY messages received"),
+    "arbiter_leases_granted_total": ("counter", "Leases granted, by worker kind"),
+    "arbiter_leases_reclaimed_total": ("counter", "Expired leases reclaimed, by outcome"),
+    "arbiter_grace_periods_total": ("counter", "Grace periods granted"),
+    "arbiter_requests_total": ("counter", "HTTP requests answered, by route and status"),
+    "arbiter_results_total": ("counter", "Results received, by outcome"),
+    "arbiter_heartbeats_total": ("counter", "Heartbeats received, by outcome"),
+    "arbiter_is_leader": ("gauge", "1 while this arbiter holds the leader lock"),
+    "arbiter_db_up": ("gauge", "1 while the database answers"),
+    "arbiter_last_round_age_seconds": ("gauge", "Seconds since the last completed dispatch round"),
+    "arbiter_stuck_dispatch": ("gauge", "1 while claimable work and a parked request coexist unmatched too long"),
+    "arbiter_oldest_unmatched_seconds": ("gauge", "Age of the oldest parked request that has claimable work"),
+}
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def inc(self, name: str, amount: float = 1, **labels) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._values[key] = self._values.get(key, 0) + amount
+
+    def set_gauge(self, name: str, value: float, **labels) -> None:
+        with self._lock:
+            self._values[(name, tuple(sorted(labels.items())))] = value
+
+    def get(self, name: str, **labels) -> float:
+        with self._lock:
+            return self._values.get((name, tuple(sorted(labels.items()))), 0)
+
+    def render(self) -> str:
+        with self._lock:
+            items = sorted(self._values.items())
+        lines: list[str] = []
+        seen: set[str] = set()
+        for (name, labels), value in items:
+            if name not in seen:
+                kind, text = _HELP.get(name, ("untyped", name))
+                lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+                seen.add(name)
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
+        return "\n".join(lines) + "\n"
+
+
+METRICS = Metrics()

@@ -1,0 +1,145 @@
+"""The OpenAPI description served at /openapi.json (kept in sync with app.ROUTES by a test)."""
+
+from __future__ import annotations
+
+from .leases import LANGUAGES, VERDICTS
+
+_error = {"$ref": "#/components/schemas/Error"}
+
+
+def _resp(description: str, schema=None, headers=None) -> dict:
+    out: dict = {"description": description}
+    if schema is not None:
+        out["content"] = {"application/json": {"schema": schema}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+_retry = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds to wait before retrying"}}
+_common_worker = {
+    "400": _resp("malformed JSON or request", _error),
+    "401": _resp("missing, unknown or revoked credential", _error),
+    "413": _resp("body larger than the configured limit", _error),
+    "503": _resp("database unreachable, not the leader, or too many parked requests", _error, _retry),
+}
+_lease_path = {"name": "submission_id", "in": "path", "required": True,
+               "schema": {"type": "integer", "minimum": 1}}
+
+SPEC = {
+    "openapi": "3.0.3",
+    "info": {"title": "judge-arbiter", "version": "1",
+             "description": "Lease protocol between judge workers and the central arbiter."},
+    "components": {
+        "securitySchemes": {"worker": {"type": "http", "scheme": "bearer",
+                                       "description": "<worker_id>.<secret> as issued by `judgectl worker add`"}},
+        "schemas": {
+            "Error": {"type": "object", "properties": {"title": {"type": "string"},
+                                                        "description": {"type": "string"}},
+                      "required": ["title"]},
+            "AcquireRequest": {
+                "type": "object", "required": ["request_id"],
+                "properties": {
+                    "request_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
+                                   "description": "reuse across retries of one attempt: a retry gets the same lease"},
+                    "languages": {"type": "array", "items": {"type": "string", "enum": sorted(LANGUAGES)}},
+                    "wait_secs": {"type": "number", "minimum": 0, "maximum": 30},
+                },
+            },
+            "Lease": {
+                "type": "object",
+                "required": ["submission_id", "lease_token", "lease_gen", "expires_at", "problem", "language",
+                             "source", "attempt"],
+                "properties": {
+                    "submission_id": {"type": "integer"},
+                    "lease_token": {"type": "string", "format": "uuid"},
+                    "lease_gen": {"type": "integer"},
+                    "expires_at": {"type": "string", "format": "date-time"},
+                    "problem": {"type": "object", "required": ["id", "slug", "time_limit_ms", "memory_limit_kb"],
+                                "properties": {"id": {"type": "integer"}, "slug": {"type": "string"},
+                                               "time_limit_ms": {"type": "integer"},
+                                               "memory_limit_kb": {"type": "integer"}}},
+                    "language": {"type": "string", "enum": sorted(LANGUAGES)},
+                    "source": {"type": "string"},
+                    "attempt": {"type": "integer"},
+                },
+            },
+            "HeartbeatRequest": {"type": "object", "required": ["lease_token"],
+                                 "properties": {"lease_token": {"type": "string"}}},
+            "HeartbeatResponse": {"type": "object", "required": ["submission_id", "expires_at"],
+                                  "properties": {"submission_id": {"type": "integer"},
+                                                 "expires_at": {"type": "string", "format": "date-time"}}},
+            "ResultRequest": {
+                "type": "object", "required": ["lease_token", "verdict"],
+                "properties": {
+                    "lease_token": {"type": "string"},
+                    "verdict": {"type": "string", "enum": sorted(VERDICTS)},
+                    "time_ms": {"type": "integer", "minimum": 0, "maximum": 2147483647},
+                    "memory_kb": {"type": "integer", "minimum": 0, "maximum": 2147483647},
+                    "detail": {"type": "object"},
+                },
+            },
+            "ResultResponse": {"type": "object", "required": ["submission_id", "verdict", "status"],
+                               "properties": {"submission_id": {"type": "integer"},
+                                              "verdict": {"type": "string", "enum": sorted(VERDICTS)},
+                                              "status": {"type": "string", "enum": ["received"]}}},
+            "Ready": {"type": "object", "required": ["ready", "reasons"],
+                      "properties": {"ready": {"type": "boolean"},
+                                     "reasons": {"type": "array", "items": {"type": "string"}}}},
+        },
+    },
+    "paths": {
+        "/v1/acquire": {"post": {
+            "summary": "Long-poll for work (up to wait_secs, at most 30 s)",
+            "security": [{"worker": []}],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/AcquireRequest"}}}},
+            "responses": {"200": _resp("a lease (the same one again for a retried request_id)",
+                                       {"$ref": "#/components/schemas/Lease"}),
+                          "204": _resp("nothing came within the wait"),
+                          "410": _resp("this request_id was served and its lease is gone", _error),
+                          "422": _resp("unknown or no usable language", _error),
+                          **_common_worker}}},
+        "/v1/leases/{submission_id}/heartbeat": {"post": {
+            "summary": "Confirm (first call) or extend a lease",
+            "security": [{"worker": []}],
+            "parameters": [_lease_path],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/HeartbeatRequest"}}}},
+            "responses": {"200": _resp("lease extended", {"$ref": "#/components/schemas/HeartbeatResponse"}),
+                          "403": _resp("the lease belongs to another worker", _error),
+                          "404": _resp("no such submission", _error),
+                          "410": _resp("the lease is no longer current: stop judging", _error),
+                          **_common_worker}}},
+        "/v1/leases/{submission_id}/result": {"post": {
+            "summary": "Report the verdict of a lease (idempotent per lease_token)",
+            "security": [{"worker": []}],
+            "parameters": [_lease_path],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/ResultRequest"}}}},
+            "responses": {"200": _resp("received (a repeat of the same token answers the same)",
+                                       {"$ref": "#/components/schemas/ResultResponse"}),
+                          "403": _resp("the lease belongs to another worker", _error),
+                          "404": _resp("no such submission", _error),
+                          "410": _resp("stale lease token: nothing was written", _error),
+                          "422": _resp("unknown verdict", _error),
+                          **_common_worker}}},
+        "/v1/status": {"get": {"summary": "Read-only status: queue, leases in flight, workers",
+                               "responses": {"200": _resp("status", {"type": "object"}),
+                                             "503": _resp("database unreachable", _error, _retry)}}},
+        "/status": {"get": {"summary": "Read-only status page (HTML)",
+                            "responses": {"200": {"description": "status page",
+                                                  "content": {"text/html": {"schema": {"type": "string"}}}},
+                                          "503": _resp("database unreachable", _error, _retry)}}},
+        "/healthz": {"get": {"summary": "Liveness: the process serves HTTP",
+                             "responses": {"200": _resp("alive", {"type": "object"})}}},
+        "/readyz": {"get": {"summary": "Readiness: DB reachable, leader, a dispatch round completed recently",
+                            "responses": {"200": _resp("ready", {"$ref": "#/components/schemas/Ready"}),
+                                          "503": _resp("not ready", {"$ref": "#/components/schemas/Ready"})}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics",
+                             "responses": {"200": {"description": "text exposition format",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": {"summary": "This document",
+                                  "responses": {"200": _resp("OpenAPI 3 document", {"type": "object"})}}},
+    },
+}

@@ -1,0 +1,248 @@
+"""The HTTP resources. Each is small: validate, call one state-machine function, map the outcome."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from typing import Any
+
+import falcon
+from psycopg.rows import dict_row
+
+from . import leases, probes
+from .dispatcher import Overloaded, Ticket
+from .leases import WriteOutcome
+from .metrics import METRICS
+from .sqlfiles import Statements
+
+log = logging.getLogger("arbiter.http")
+OPS = Statements("operator.sql")
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+# -- request helpers ------------------------------------------------------------
+def read_json(req, max_bytes: int) -> dict[str, Any]:
+    length = req.content_length
+    if length is not None and length > max_bytes:
+        raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
+    raw = req.bounded_stream.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise falcon.HTTPBadRequest(title="malformed JSON", description=str(exc)) from None
+    if not isinstance(body, dict):
+        raise falcon.HTTPBadRequest(title="malformed request", description="the body must be a JSON object")
+    return body
+
+
+_KIND_NAMES = {str: "a string", list: "a list", dict: "an object"}
+
+
+def _field(body: dict, name: str, kind, required: bool = True, default=None):
+    if name not in body or body[name] is None:
+        if required:
+            raise falcon.HTTPBadRequest(title="malformed request", description=f"field {name!r} is required")
+        return default
+    value = body[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise falcon.HTTPBadRequest(title="malformed request", description=f"field {name!r} must be an integer")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise falcon.HTTPBadRequest(title="malformed request", description=f"field {name!r} must be a number")
+    if kind in _KIND_NAMES and not isinstance(value, kind):
+        raise falcon.HTTPBadRequest(title="malformed request",
+                                    description=f"field {name!r} must be {_KIND_NAMES[kind]}")
+    return value
+
+
+def _json(resp, status, body: dict) -> None:
+    resp.status = status
+    resp.media = body
+
+
+def _unavailable(description: str, retry_after: int) -> falcon.HTTPServiceUnavailable:
+    return falcon.HTTPServiceUnavailable(title="unavailable", description=description, retry_after=retry_after)
+
+
+class _Base:
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.settings = runtime.settings
+
+
+# -- worker API ------------------------------------------------------------------
+class Acquire(_Base):
+    auth = True
+
+    def on_post(self, req, resp):
+        worker = req.context.worker
+        body = read_json(req, self.settings.max_body_bytes)
+        request_id = _field(body, "request_id", str)
+        if not REQUEST_ID.match(request_id):
+            raise falcon.HTTPBadRequest(title="malformed request",
+                                        description="request_id must be 1-128 chars of A-Z a-z 0-9 . _ : -")
+        wanted = _field(body, "languages", list, required=False, default=list(worker.languages))
+        if not all(isinstance(x, str) for x in wanted) or not set(wanted) <= leases.LANGUAGES:
+            raise falcon.HTTPUnprocessableEntity(title="unknown language",
+                                                 description=f"languages must be among {sorted(leases.LANGUAGES)}")
+        languages = tuple(sorted(set(wanted) & set(worker.languages)))
+        wait = _field(body, "wait_secs", float, required=False, default=self.settings.long_poll_max_secs)
+        if not 0 <= wait <= self.settings.long_poll_max_secs:
+            raise falcon.HTTPBadRequest(title="malformed request",
+                                        description=f"wait_secs must be between 0 and {self.settings.long_poll_max_secs}")
+        with self.runtime.pool.connection() as conn:
+            earlier = leases.find_grant(conn, worker.worker_id, request_id)
+        if earlier is not None:
+            state, lease = earlier
+            METRICS.inc("arbiter_acquires_total", outcome=f"retry_{state.value}")
+            if state is leases.GrantState.LIVE:
+                return _json(resp, falcon.HTTP_200, lease.as_json())
+            raise falcon.HTTPGone(title="lease gone",
+                                  description="this request_id was served and its lease is no longer live; "
+                                              "acquire with a new request_id")
+        if not self.runtime.leader.is_leader:
+            raise _unavailable("this arbiter is not the leader", int(self.settings.leader_retry_secs) or 1)
+        if not languages:
+            raise falcon.HTTPUnprocessableEntity(title="no language", description="no language in common with "
+                                                 "the worker's registered languages")
+        ticket = Ticket(worker=worker, request_id=request_id, languages=languages)
+        try:
+            self.runtime.dispatcher.park(ticket)
+        except Overloaded:
+            METRICS.inc("arbiter_acquires_total", outcome="overloaded")
+            raise _unavailable("too many parked acquire requests", 1) from None
+        try:
+            ticket.event.wait(wait)
+        finally:
+            lease = self.runtime.dispatcher.unpark(ticket)
+        if lease is not None:
+            METRICS.inc("arbiter_acquires_total", outcome="leased")
+            return _json(resp, falcon.HTTP_200, lease.as_json())
+        if not self.runtime.leader.is_leader:
+            raise _unavailable("this arbiter lost leadership", int(self.settings.leader_retry_secs) or 1)
+        METRICS.inc("arbiter_acquires_total", outcome="nothing")
+        resp.status = falcon.HTTP_204
+
+
+def _outcome_error(outcome: WriteOutcome, what: str):
+    if outcome is WriteOutcome.GONE:
+        return falcon.HTTPGone(title="lease gone", description=f"this lease is no longer current; the {what} "
+                               "was not recorded")
+    if outcome is WriteOutcome.NOT_YOURS:
+        return falcon.HTTPForbidden(title="not your lease", description="the lease belongs to another worker")
+    return falcon.HTTPNotFound(title="no such submission")
+
+
+class Heartbeat(_Base):
+    auth = True
+
+    def on_post(self, req, resp, submission_id: int):
+        body = read_json(req, self.settings.max_body_bytes)
+        token = _field(body, "lease_token", str)
+        with self.runtime.pool.connection() as conn:
+            result = leases.heartbeat(conn, worker_id=req.context.worker.worker_id, submission_id=submission_id,
+                                      lease_token=token, lease_secs=self.settings.lease_secs)
+        METRICS.inc("arbiter_heartbeats_total", outcome=result.outcome.value)
+        if result.outcome is not WriteOutcome.ACCEPTED:
+            raise _outcome_error(result.outcome, "heartbeat")
+        _json(resp, falcon.HTTP_200, {"submission_id": submission_id, "expires_at": result.expires_at.isoformat()})
+
+
+class Result(_Base):
+    auth = True
+
+    def on_post(self, req, resp, submission_id: int):
+        body = read_json(req, self.settings.max_body_bytes)
+        token = _field(body, "lease_token", str)
+        verdict = _field(body, "verdict", str)
+        if verdict not in leases.VERDICTS:
+            raise falcon.HTTPUnprocessableEntity(title="unknown verdict",
+                                                 description=f"verdict must be one of {sorted(leases.VERDICTS)}")
+        time_ms = _field(body, "time_ms", int, required=False)
+        memory_kb = _field(body, "memory_kb", int, required=False)
+        detail = _field(body, "detail", dict, required=False, default={})
+        for name, value in (("time_ms", time_ms), ("memory_kb", memory_kb)):
+            if value is not None and not 0 <= value < 2**31:
+                raise falcon.HTTPBadRequest(title="malformed request", description=f"{name} out of range")
+        worker = req.context.worker
+        with self.runtime.pool.connection() as conn:
+            record = leases.record_result(conn, worker_id=worker.worker_id, submission_id=submission_id,
+                                          lease_token=token, verdict=verdict, time_ms=time_ms,
+                                          memory_kb=memory_kb, detail=detail)
+        METRICS.inc("arbiter_results_total", outcome=record.outcome.value)
+        if record.outcome not in (WriteOutcome.ACCEPTED, WriteOutcome.DUPLICATE):
+            log.info("result refused", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
+                                              "outcome": record.outcome.value})
+            raise _outcome_error(record.outcome, "result")
+        log.info("result received", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
+                                           "verdict": record.verdict, "duplicate": record.outcome is WriteOutcome.DUPLICATE})
+        # A repeat of the same token answers exactly as the first time.
+        _json(resp, falcon.HTTP_200, {"submission_id": submission_id, "verdict": record.verdict, "status": "received"})
+
+
+# -- probes, metrics, status -------------------------------------------------------
+class Healthz(_Base):
+    def on_get(self, req, resp):
+        _json(resp, falcon.HTTP_200, {"alive": True})
+
+
+class Readyz(_Base):
+    def on_get(self, req, resp):
+        ready, body = probes.readiness(self.runtime)
+        _json(resp, falcon.HTTP_200 if ready else falcon.HTTP_503, body)
+
+
+class Metrics(_Base):
+    def on_get(self, req, resp):
+        probes.readiness(self.runtime)  # refreshes the probe gauges
+        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        resp.text = METRICS.render()
+
+
+def status_snapshot(runtime) -> dict:
+    with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        queue = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
+        in_flight = cur.execute(OPS.status_leases).fetchall()
+        workers = cur.execute(OPS.status_workers).fetchall()
+    _, ready = probes.readiness(runtime)
+    return {"arbiter": ready, "queue": queue, "leases": in_flight,
+            "workers": [{k: v for k, v in w.items()} for w in workers]}
+
+
+class StatusJson(_Base):
+    def on_get(self, req, resp):
+        _json(resp, falcon.HTTP_200, json.loads(json.dumps(status_snapshot(self.runtime), default=str)))
+
+
+class StatusPage(_Base):
+    def on_get(self, req, resp):
+        from .status_page import render
+
+        resp.content_type = falcon.MEDIA_HTML
+        resp.text = render(status_snapshot(self.runtime))
+
+
+class OpenApi(_Base):
+    def on_get(self, req, resp):
+        from .openapi import SPEC
+
+        _json(resp, falcon.HTTP_200, SPEC)
+
+
+class RequestLog:
+    """Middleware: one JSON log line and a metric per request; never headers or bodies."""
+
+    def process_request(self, req, resp):
+        req.context.started = time.monotonic()
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        route = req.uri_template or "unmatched"
+        status = resp.status[:3] if isinstance(resp.status, str) else str(int(resp.status))
+        METRICS.inc("arbiter_requests_total", route=route, status=status)
+        worker = getattr(req.context, "worker", None)
+        log.info("request", extra={"method": req.method, "route": route, "status": int(status),
+                                   "ms": round((time.monotonic() - req.context.started) * 1000, 1),
+                                   "worker_id": worker.worker_id if worker else None})

@@ -1,0 +1,13 @@
+"""WSGI entry point for gunicorn: ``arbiter.wsgi:app`` (one gthread worker process; see gunicorn.conf.py)."""
+
+from __future__ import annotations
+
+from . import logs
+from .app import create_app
+from .config import load_settings
+from .runtime import Runtime
+
+logs.configure()
+settings = load_settings()
+runtime = Runtime(settings).start()
+app = create_app(runtime)

@@ -1,0 +1,144 @@
+"""Real processes for integration tests: arbiters under gunicorn, credentials, polling helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from arbiter import credentials
+from arbiter.devcluster import free_port
+
+import arbiter as _arbiter_pkg
+
+GUNICORN_CONF = Path(_arbiter_pkg.__file__).with_name("gunicorn.conf.py")
+
+FAST = {  # short lease times so fault tests run in seconds, not minutes
+    "unconfirmed_secs": 2.0,
+    "lease_secs": 4.0,
+    "grace_secs": 4.0,
+    "long_poll_max_secs": 5.0,
+    "janitor_interval_secs": 0.3,
+    "leader_retry_secs": 1.0,
+    "dispatch_tick_secs": 0.5,
+    "ready_max_round_age_secs": 3.0,
+    "stuck_alert_secs": 3.0,
+    "credential_cache_secs": 1.0,
+}
+
+
+def wait_for(predicate, timeout: float = 20, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def add_worker(conn, worker_id: str, kind: str = "home", languages=("c", "cpp", "python3")) -> str:
+    secret = credentials.new_secret()
+    conn.execute("INSERT INTO workers (worker_id, kind, languages, secret_sha256) VALUES (%s, %s, %s, %s)",
+                 (worker_id, kind, list(languages), credentials.hash_secret(secret)))
+    return credentials.format_credential(worker_id, secret)
+
+
+class ArbiterProcess:
+    def __init__(self, dsn: str, workdir: Path, name: str = "a1", env: dict | None = None, **settings):
+        self.dsn = dsn
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        values = dict(FAST, bind=f"127.0.0.1:{self.port}", instance_name=name, **settings)
+        self.config = self.workdir / f"arbiter-{name}.toml"
+        lines = [f"dsn = {json.dumps(dsn)}"] + [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        self.config.write_text("\n".join(lines) + "\n")
+        self.log_path = self.workdir / f"arbiter-{name}.log"
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_ready: bool = True, env: dict | None = None) -> "ArbiterProcess":
+        full_env = dict(os.environ, JUDGE_ARBITER_CONFIG=str(self.config), **self.extra_env, **(env or {}))
+        full_env.pop("JUDGE_DSN", None)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "arbiter.wsgi:app"],
+            env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(lambda: self.get("/healthz")[0] == 200, 30, what=f"arbiter {self.name} to serve")
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        wait_for(lambda: self.get("/readyz")[0] == 200, timeout, what=f"arbiter {self.name} to be ready")
+
+    def get(self, path: str):
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                body = r.read()
+                return r.status, (json.loads(body) if r.headers.get_content_type() == "application/json" else body.decode())
+        except urllib.error.HTTPError as e:
+            body = e.read()
+            try:
+                return e.code, json.loads(body)
+            except ValueError:
+                return e.code, body.decode()
+        except OSError:
+            return None, None
+
+    def worker_pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def signal_all(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill9(self) -> None:
+        """kill -9 the whole arbiter (gunicorn master and its worker)."""
+        self.signal_all(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.signal_all(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class Arbiters:
+    """Fixture object: starts arbiters against a DSN and stops them all at the end."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.started: list[ArbiterProcess] = []
+
+    def start(self, dsn: str, name: str = "a1", wait_ready: bool = True, env: dict | None = None, **settings):
+        proc = ArbiterProcess(dsn, self.tmp_path, name=name, env=env, **settings)
+        self.started.append(proc)
+        return proc.start(wait_ready=wait_ready)
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            try:
+                proc.kill9() if proc.proc and proc.proc.poll() is None else None
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,266 @@
+"""The arbiter as a real gunicorn process against a real database."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from arbiter import leases
+from fixtures_data import seed_problem, seed_submissions
+from procs import add_worker, wait_for
+from worker.http_client import ArbiterClient
+
+
+@pytest.fixture
+def world(db, arbiters):
+    with db.connect() as conn:
+        seed_problem(conn)
+        creds = {w: add_worker(conn, w, "production" if w.startswith("prod") else "home")
+                 for w in ("home-1", "home-2", "prod-1")}
+    return db, arbiters, creds
+
+
+def client(arbiter, credential):
+    return ArbiterClient([arbiter.url], credential, timeout=10)
+
+
+def park(c, wait=5.0, request_id=None):
+    """Start an acquire in a thread; returns (thread, box) where box gets (reply, seconds, finished_at)."""
+    box = {}
+
+    def run():
+        t0 = time.monotonic()
+        reply = c.acquire(request_id or str(uuid.uuid4()), None, wait)
+        box["reply"], box["secs"], box["at"] = reply, time.monotonic() - t0, time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, box
+
+
+def raw_post(arbiter, path, body: bytes, credential=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", arbiter.port, timeout=10)
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if credential:
+        h["Authorization"] = f"Bearer {credential}"
+    conn.request("POST", path, body=body, headers=h)
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, (json.loads(data) if data else None)
+
+
+def test_parked_acquire_is_woken_by_notify_within_100ms(world):
+    db, arbiters, creds = world
+    # A 30 s tick: only NOTIFY (not a polling tick) can wake the dispatcher within the test's window.
+    a = arbiters.start(db.dsn, dispatch_tick_secs=30.0, long_poll_max_secs=20.0)
+    c = client(a, creds["home-1"])
+    thread, box = park(c, wait=15)
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1, what="request parked")
+    time.sleep(0.3)
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+        committed = time.monotonic()
+    thread.join(15)
+    reply = box["reply"]
+    assert reply.status == 200 and reply.body["submission_id"] == sid
+    latency = box["at"] - committed
+    assert latency < 0.1, f"submit -> lease took {latency * 1000:.1f} ms"
+
+
+def test_acquire_answers_204_after_the_long_poll_window(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn)
+    thread, box = park(client(a, creds["home-1"]), wait=1.0)
+    thread.join(10)
+    assert box["reply"].status == 204
+    assert 0.9 <= box["secs"] < 3
+
+
+def test_lease_result_duplicate_and_stale(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn)
+    c = client(a, creds["home-1"])
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+    lease = c.acquire("r-1", None, 5).body
+    assert lease["submission_id"] == sid and lease["lease_gen"] == 1
+    again = c.acquire("r-1", None, 5)
+    assert again.status == 200 and again.body["lease_token"] == lease["lease_token"]
+    assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    payload = {"lease_token": lease["lease_token"], "verdict": "AC", "time_ms": 12, "memory_kb": 3000}
+    first = c.result(sid, payload)
+    second = c.result(sid, payload)
+    assert first.status == second.status == 200
+    assert first.body == second.body == {"submission_id": sid, "verdict": "AC", "status": "received"}
+    stale = c.result(sid, {"lease_token": str(uuid.uuid4()), "verdict": "WA"})
+    assert stale.status == 410
+    assert c.heartbeat(sid, lease["lease_token"]).status == 410
+    gone = c.acquire("r-1", None, 1)
+    assert gone.status == 410
+    with db.connect() as conn:
+        assert conn.execute("SELECT status FROM submissions WHERE id = %s", (sid,)).fetchone() == ("AC",)
+        assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone() == (1,)
+        assert conn.execute("SELECT xp FROM users").fetchone() == (10,)
+
+
+def test_home_workers_first_then_production(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, dispatch_tick_secs=30.0, unconfirmed_secs=15.0, lease_secs=20.0)
+    prod_thread, prod_box = park(client(a, creds["prod-1"]), wait=3)
+    home_thread, home_box = park(client(a, creds["home-1"]), wait=3)
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 2, what="two parked requests")
+    with db.connect() as conn:
+        seed_submissions(conn, 1)
+    home_thread.join(10)
+    prod_thread.join(10)
+    assert home_box["reply"].status == 200
+    assert prod_box["reply"].status == 204
+
+
+def test_round_robin_is_fair_among_home_workers(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, dispatch_tick_secs=30.0, unconfirmed_secs=15.0, lease_secs=20.0)
+    got = {"home-1": 0, "home-2": 0}
+    for _ in range(6):
+        threads = {w: park(client(a, creds[w]), wait=3) for w in got}
+        wait_for(lambda: a.get("/readyz")[1]["parked"] == 2, what="both parked")
+        with db.connect() as conn:
+            seed_submissions(conn, 1)
+        for w, (thread, box) in threads.items():
+            thread.join(10)
+            if box["reply"].status == 200:
+                got[w] += 1
+                lease = box["reply"].body
+                assert client(a, creds[w]).result(lease["submission_id"],
+                                                  {"lease_token": lease["lease_token"], "verdict": "WA"}).status == 200
+    assert got == {"home-1": 3, "home-2": 3}
+
+
+def test_bad_input_gets_clear_errors_and_changes_nothing(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, max_body_bytes=4096)
+    c = client(a, creds["home-1"])
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+    lease = c.acquire("r", None, 5).body
+    token = lease["lease_token"]
+    path = f"/v1/leases/{sid}/result"
+    assert raw_post(a, path, b"{not json", creds["home-1"])[0] == 400
+    assert raw_post(a, path, b"[1, 2]", creds["home-1"])[0] == 400
+    assert raw_post(a, path, json.dumps({"verdict": "AC"}).encode(), creds["home-1"])[0] == 400
+    status, body = raw_post(a, path, json.dumps({"lease_token": token, "verdict": "PASSED"}).encode(), creds["home-1"])
+    assert status == 422 and "unknown verdict" in body["title"]
+    big = json.dumps({"lease_token": token, "verdict": "AC", "detail": {"x": "y" * 10000}}).encode()
+    assert raw_post(a, path, big, creds["home-1"])[0] == 413
+    assert raw_post(a, path, json.dumps({"lease_token": token, "verdict": "AC"}).encode())[0] == 401
+    assert raw_post(a, path, json.dumps({"lease_token": token, "verdict": "AC"}).encode(),
+                    "home-1.wrongsecret")[0] == 401
+    # Another worker presenting home-1's token: refused, nothing written.
+    assert raw_post(a, path, json.dumps({"lease_token": token, "verdict": "AC"}).encode(), creds["home-2"])[0] == 403
+    assert raw_post(a, f"/v1/leases/{sid}/heartbeat", json.dumps({"lease_token": token}).encode(),
+                    creds["home-2"])[0] == 403
+    assert raw_post(a, "/v1/leases/999999/result", json.dumps({"lease_token": token, "verdict": "AC"}).encode(),
+                    creds["home-1"])[0] == 404
+    assert raw_post(a, "/v1/acquire", json.dumps({"request_id": "bad id!"}).encode(), creds["home-1"])[0] == 400
+    assert raw_post(a, "/v1/acquire", json.dumps({"request_id": "x", "languages": ["cobol"]}).encode(),
+                    creds["home-1"])[0] == 422
+    with db.connect() as conn:
+        assert conn.execute("SELECT status, worker_id FROM submissions").fetchall() == [("judging", "home-1")]
+        assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone() == (0,)
+    log = a.log_text()
+    assert token not in log and creds["home-1"].split(".")[1] not in log
+
+
+def test_revoked_credential_is_refused(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn)
+    c = client(a, creds["home-2"])
+    assert c.acquire("x", None, 0).status == 204
+    with db.connect() as conn:
+        conn.execute("UPDATE workers SET revoked_at = now() WHERE worker_id = 'home-2'")
+    wait_for(lambda: c.acquire(str(uuid.uuid4()), None, 0).status == 401, 5, what="revocation to apply")
+
+
+def test_parked_long_polls_never_starve_heartbeats(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, max_parked=6, reserved_threads=4, long_poll_max_secs=8.0)
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+        many = {f"home-p{i}": add_worker(conn, f"home-p{i}") for i in range(6)}
+    lease = client(a, creds["home-1"]).acquire("mine", None, 5).body
+    parked = [park(client(a, cred), wait=8) for cred in many.values()]
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 6, what="six parked requests")
+    hb = client(a, creds["home-1"])
+    for _ in range(10):
+        t0 = time.monotonic()
+        assert hb.heartbeat(sid, lease["lease_token"]).status == 200
+        assert time.monotonic() - t0 < 1.0
+    # One more long-poll is refused at once instead of taking a reserved thread.
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as refused:
+        client(a, creds["home-2"]).acquire("extra", None, 8)
+    assert "too many parked" in str(refused.value) and time.monotonic() - t0 < 2
+    assert client(a, creds["home-1"]).result(sid, {"lease_token": lease["lease_token"], "verdict": "WA"}).status == 200
+    for thread, _ in parked:
+        thread.join(15)
+
+
+def test_kill9_and_restart_extends_in_flight_leases_and_resumes(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, lease_secs=3.0, grace_secs=6.0)
+    c = client(a, creds["home-1"])
+    with db.connect() as conn:
+        sid, later = seed_submissions(conn, 2)
+    lease = c.acquire("k", None, 5).body
+    assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    a.kill9()
+    time.sleep(4)  # longer than lease_secs: by the clock the lease has run out while the arbiter was away
+    with db.connect() as conn:
+        assert conn.execute("SELECT lease_expires_at < now() FROM submissions WHERE id = %s", (sid,)).fetchone() == (True,)
+    a.start()
+    with db.connect() as conn:
+        wait_for(lambda: conn.execute("SELECT lease_expires_at > now() + interval '4 seconds' FROM submissions "
+                                      "WHERE id = %s", (sid,)).fetchone()[0], 10, what="grace period")
+        assert conn.execute("SELECT status, lease_token::text FROM submissions WHERE id = %s",
+                            (sid,)).fetchone() == ("judging", lease["lease_token"])
+    assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    assert c.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC"}).status == 200
+    nxt = c.acquire("k2", None, 5)
+    assert nxt.status == 200 and nxt.body["submission_id"] == later
+    with db.connect() as conn:
+        assert conn.execute("SELECT judge_attempts FROM submissions WHERE id = %s", (sid,)).fetchone() == (1,)
+
+
+def test_readyz_and_metrics(world):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn)
+    status, body = a.get("/readyz")
+    assert status == 200 and body["ready"] and body["leader"] and body["db_up"]
+    status, text = a.get("/metrics")
+    assert status == 200
+    assert "arbiter_dispatch_rounds_total" in text and "arbiter_is_leader 1" in text
+    status, page = a.get("/status")
+    assert status == 200 and "judge-arbiter" in page
+    status, snap = a.get("/v1/status")
+    assert status == 200 and {w["worker_id"] for w in snap["workers"]} == set(creds)
+
+
+def test_openapi_document_matches_the_routes(world):
+    from arbiter.app import ROUTES
+
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn)
+    status, spec = a.get("/openapi.json")
+    assert status == 200
+    documented = set(spec["paths"])
+    served = {path.replace(":int(min=1)", "") for path, _ in ROUTES}
+    assert documented == served
+    for path, resource in ROUTES:
+        methods = {m[3:] for m in dir(resource) if m.startswith("on_")}
+        assert methods == set(spec["paths"][path.replace(":int(min=1)", "")]), path

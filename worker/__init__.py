@@ -1,0 +1,1 @@
+"""judge-worker: judges leases in a local sandbox and delivers results through a durable outbox."""

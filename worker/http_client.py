@@ -1,0 +1,118 @@
+"""A small HTTP/JSON client for the arbiter API (stdlib only), with failover across arbiter URLs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import urllib.parse
+from dataclasses import dataclass
+
+
+class Unreachable(Exception):
+    """No arbiter answered (connection refused/reset, timeout, or every URL said 503)."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Reply:
+    status: int
+    body: dict | None
+    headers: dict
+
+
+class ArbiterClient:
+    def __init__(self, urls: list[str], credential: str, timeout: float = 10.0):
+        if not urls:
+            raise ValueError("at least one arbiter URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.credential = credential
+        self.timeout = timeout
+        self._local = threading.local()
+        self._preferred = 0
+
+    def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
+        conns = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        conn = conns.get(base)
+        if conn is None:
+            parsed = urllib.parse.urlsplit(base)
+            cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+            conn = conns[base] = cls(parsed.hostname, parsed.port, timeout=timeout)
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _drop(self, base: str) -> None:
+        conn = getattr(self._local, "conns", {}).pop(base, None)
+        if conn is not None:
+            conn.close()
+
+    def _send(self, base, method, path, payload, headers, timeout):
+        conn = self._conn(base, timeout)
+        reused = conn.sock is not None
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            return response, response.read()
+        except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+            if not reused:
+                raise
+        # A kept-alive connection the server had closed: every call of this API is idempotent, so send once more.
+        self._drop(base)
+        conn = self._conn(base, timeout)
+        conn.request(method, path, body=payload, headers=headers)
+        response = conn.getresponse()
+        return response, response.read()
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Reply:
+        """Send to the preferred arbiter; on connection failure or 503 try the others once."""
+        timeout = timeout or self.timeout
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"Bearer {self.credential}", "Accept": "application/json"}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        last_error = "no arbiter tried"
+        retry_after = None
+        order = self.urls[self._preferred:] + self.urls[: self._preferred]
+        for base in order:
+            try:
+                response, raw = self._send(base, method, path, payload, headers, timeout)
+            except (OSError, http.client.HTTPException, socket.timeout) as exc:
+                self._drop(base)
+                last_error = f"{base}: {type(exc).__name__}: {exc}"
+                continue
+            reply_headers = {k.lower(): v for k, v in response.getheaders()}
+            try:
+                parsed = json.loads(raw) if raw else None
+            except ValueError:
+                parsed = None
+            if response.status == 503:
+                last_error = f"{base}: 503 {parsed.get('description') if isinstance(parsed, dict) else ''}"
+                try:
+                    retry_after = float(reply_headers.get("retry-after", "1"))
+                except ValueError:
+                    retry_after = 1.0
+                continue
+            self._preferred = self.urls.index(base)
+            return Reply(response.status, parsed if isinstance(parsed, dict) else None, reply_headers)
+        raise Unreachable(last_error, retry_after)
+
+    # -- the protocol ----------------------------------------------------------
+    def acquire(self, request_id: str, languages: list[str] | None, wait_secs: float) -> Reply:
+        body = {"request_id": request_id, "wait_secs": wait_secs}
+        if languages:
+            body["languages"] = languages
+        return self.request("POST", "/v1/acquire", body, timeout=wait_secs + 10)
+
+    def heartbeat(self, submission_id: int, lease_token: str) -> Reply:
+        return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token})
+
+    def result(self, submission_id: int, payload: dict) -> Reply:
+        return self.request("POST", f"/v1/leases/{submission_id}/result", payload)
