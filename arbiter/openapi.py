@@ -43,7 +43,7 @@ SPEC = {
                     "request_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
                                    "description": "reuse across retries of one attempt: a retry gets the same lease"},
                     "languages": {"type": "array", "items": {"type": "string", "enum": sorted(LANGUAGES)}},
-                    "wait_secs": {"type": "number", "minimum": 0, "maximum": 30},
+                    "wait_secs": {"type": "number", "minimum": 0, "maximum": "__LONG_POLL_MAX__"},
                 },
             },
             "Lease": {
@@ -143,3 +143,13 @@ SPEC = {
                                   "responses": {"200": _resp("OpenAPI 3 document", {"type": "object"})}}},
     },
 }
+
+
+def build_spec(settings) -> dict:
+    """The document with this arbiter's own limits filled in."""
+    import copy
+
+    spec = copy.deepcopy(SPEC)
+    acquire = spec["components"]["schemas"]["AcquireRequest"]["properties"]
+    acquire["wait_secs"]["maximum"] = settings.long_poll_max_secs
+    return spec

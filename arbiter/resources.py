@@ -227,9 +227,9 @@ class StatusPage(_Base):
 
 class OpenApi(_Base):
     def on_get(self, req, resp):
-        from .openapi import SPEC
+        from .openapi import build_spec
 
-        _json(resp, falcon.HTTP_200, SPEC)
+        _json(resp, falcon.HTTP_200, build_spec(self.settings))
 
 
 class RequestLog:

@@ -99,7 +99,8 @@ def conn(db):
 @pytest.fixture
 def own_cluster():
     """A PostgreSQL server of this test's own, migrated to the latest stage; may be stopped and restarted."""
-    cluster = devcluster.LocalCluster().init().start()
+    # Durable settings: this cluster gets crashed, and a crash must not lose committed transactions.
+    cluster = devcluster.LocalCluster(fast=False).init().start()
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
             admin.execute("CREATE DATABASE judge")
