@@ -119,3 +119,19 @@ def arbiters(tmp_path):
     group = Arbiters(tmp_path)
     yield group
     group.stop_all()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    from procs import WorkerProcess
+
+    started: list = []
+
+    def start(*args, **kwargs):
+        proc = WorkerProcess(tmp_path, *args, **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

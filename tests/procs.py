@@ -142,3 +142,78 @@ class Arbiters:
                 proc.kill9() if proc.proc and proc.proc.poll() is None else None
             except Exception:  # noqa: BLE001
                 pass
+
+
+def write_testdata(root: Path, problem_id: int, cases: list[tuple[str, str]]) -> Path:
+    directory = Path(root) / str(problem_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, (given, expected) in enumerate(cases, start=1):
+        (directory / f"{index}.in").write_text(given)
+        (directory / f"{index}.out").write_text(expected)
+    return directory
+
+
+class WorkerProcess:
+    """A real judge-worker process with its own config, outbox and work dir."""
+
+    def __init__(self, workdir: Path, worker_id: str, kind: str, transport: str, testdata: Path,
+                 arbiter_urls=(), credential: str = "", dsn: str = "", env: dict | None = None, **extra):
+        self.worker_id = worker_id
+        self.home = Path(workdir) / f"worker-{worker_id}"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.outbox = self.home / "outbox"
+        lines = [f'worker_id = "{worker_id}"', f'kind = "{kind}"', f'transport = "{transport}"',
+                 f'outbox_dir = "{self.outbox}"', f'testdata_dir = "{testdata}"', f'work_dir = "{self.home / "work"}"']
+        if credential:
+            cred = self.home / "credential"
+            cred.write_text(credential + "\n")
+            cred.chmod(0o600)
+            lines.append(f'credential_file = "{cred}"')
+        if arbiter_urls:
+            lines.append("arbiter_urls = [" + ", ".join(f'"{u}"' for u in arbiter_urls) + "]")
+        if dsn:
+            lines.append(f"dsn = {json.dumps(dsn)}")
+        for key, value in extra.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        self.config = self.home / "worker.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.log_path = self.home / "worker.log"
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, env: dict | None = None) -> "WorkerProcess":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker.main", "--config", str(self.config)],
+                                     env=dict(os.environ, **self.env, **(env or {})), stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill9(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill9()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def outbox_files(self) -> list[Path]:
+        return sorted(self.outbox.glob("*.json")) if self.outbox.exists() else []
+
+
+def sandbox_work_dir() -> Path:
+    """A work dir the sandbox uid can reach (pytest's own tmp dirs are mode 0700)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="judge-work-", dir="/tmp"))
+    path.chmod(0o711)
+    return path

@@ -1,0 +1,144 @@
+"""The judge with real compilers and the real sandbox: every verdict in every language, hostile programs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from procs import sandbox_work_dir, wait_for, write_testdata
+from programs import (APLUSB_TESTS, FORK_BOMB_C, FORK_BOMB_PY, PROGRAMS, escape_writer_py, network_probe_c,
+                      network_probe_py)
+from worker.judge import Job, Judge, tokens_equal
+from worker.sandbox import Sandbox
+
+SANDBOX_UID = 65534
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory):
+    root = tmp_path_factory.mktemp("judge")
+    testdata = root / "testdata"
+    write_testdata(testdata, 1, APLUSB_TESTS)
+    write_testdata(testdata, 2, [("", "connected\n")])
+    write_testdata(testdata, 3, [("", "written\n")])
+    (testdata / "4").mkdir()  # a problem whose test data is missing
+    work = sandbox_work_dir()
+    sandbox = Sandbox(uid=SANDBOX_UID, gid=SANDBOX_UID)
+    sandbox.self_test(work / "selftest")
+    yield Judge(sandbox, testdata, work, output_limit_kb=8192)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def job(language, source, problem_id=1, time_limit_ms=1000, memory_limit_kb=131072):
+    return Job(submission_id=abs(hash(source)) % 100000, problem_id=problem_id, problem_slug=f"p{problem_id}",
+               language=language, source=source, time_limit_ms=time_limit_ms, memory_limit_kb=memory_limit_kb)
+
+
+CASES = [(lang, verdict) for lang in PROGRAMS for verdict in PROGRAMS[lang]]
+
+
+@pytest.mark.parametrize("language,expected", CASES, ids=[f"{l}-{v}" for l, v in CASES])
+def test_every_verdict_in_every_language(judge, language, expected):
+    result = judge.judge(job(language, PROGRAMS[language][expected]))
+    assert result.verdict == expected, result.detail
+    if expected == "AC":
+        assert len(result.detail["tests"]) == len(APLUSB_TESTS)
+        assert 0 < result.memory_kb < 131072
+    if expected == "TLE":
+        assert result.detail["tests"][-1]["wall_ms"] < 1000 * 3 + 1500
+    if expected == "MLE":
+        assert result.memory_kb >= 131072 or result.detail["tests"][-1]["memory_kb"] >= 131072
+    if expected == "CE":
+        assert result.detail["compiler_output"]
+
+
+def _sandbox_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-u", str(SANDBOX_UID)], capture_output=True, text=True).stdout
+    return out.split()
+
+
+@pytest.mark.parametrize("language,source", [("c", FORK_BOMB_C), ("python3", FORK_BOMB_PY)], ids=["c", "python3"])
+def test_fork_bomb_is_contained(judge, language, source):
+    t0 = time.monotonic()
+    result = judge.judge(job(language, source, time_limit_ms=500))
+    assert result.verdict in ("TLE", "RE", "MLE"), result.detail
+    assert time.monotonic() - t0 < 15
+    wait_for(lambda: _sandbox_processes() == [], 3, what="every sandboxed process to be gone")
+    # The host can still fork.
+    assert subprocess.run(["true"]).returncode == 0
+
+
+@pytest.mark.parametrize("language", ["python3", "c"])
+def test_no_network_inside_the_sandbox(judge, language):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+                accepted.append(conn)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    source = network_probe_py(port) if language == "python3" else network_probe_c(port)
+    result = judge.judge(job(language, source, problem_id=2))
+    thread.join()
+    server.close()
+    assert accepted == [], "a sandboxed program reached a host socket"
+    assert result.verdict == "RE", result.detail  # connect failed -> non-zero exit, never 'connected'
+
+
+def test_writes_outside_the_box_never_reach_the_host(judge, tmp_path):
+    targets = [str(tmp_path / "escaped.txt"), "/etc/judge-escape", "/usr/judge-escape", "/box/../judge-escape",
+               "/root/judge-escape", "/tmp/../judge-escape-root"]
+    result = judge.judge(job("python3", escape_writer_py(targets), problem_id=3))
+    for target in targets:
+        assert not os.path.exists(os.path.normpath(target)), target
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not os.path.exists("/judge-escape") and not os.path.exists("/judge-escape-root")
+    # Inside the sandbox only its private tmpfs /tmp is writable; nothing above is written on the host.
+    assert result.verdict in ("AC", "WA")
+
+
+def test_host_secrets_are_not_visible(judge):
+    src = ("import os\nseen = [p for p in ('/etc/shadow', '/etc/passwd', '/root', '/home', '/work') "
+           "if os.path.exists(p)]\nprint('written' if not seen else 'visible:' + ','.join(seen))\n")
+    result = judge.judge(job("python3", src, problem_id=3))
+    assert result.verdict == "AC", result.detail
+
+
+def test_compiler_cannot_include_host_files(judge):
+    src = '#include "/etc/shadow"\nint main(void){return 0;}\n'
+    result = judge.judge(job("c", src))
+    assert result.verdict == "CE"
+    assert "root:" not in result.detail["compiler_output"]
+
+
+def test_missing_test_data_is_system_error_with_a_reason(judge):
+    result = judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=4))
+    assert result.verdict == "system_error" and "no .in files" in result.detail["reason"]
+    result = judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=99))
+    assert result.verdict == "system_error" and "no test data for problem 99" in result.detail["reason"]
+
+
+def test_token_comparison(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("1 2\n3\n")
+    b.write_text("1   2 3")
+    assert tokens_equal(a, b)
+    b.write_text("1 2 4")
+    assert not tokens_equal(a, b)

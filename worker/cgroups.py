@@ -1,0 +1,128 @@
+"""Per-run cgroups (v2 or v1) for the sandbox: a memory limit with OOM accounting and a pids limit.
+
+The kernel's accounting decides MLE: an OOM kill inside the run's cgroup.
+When no writable cgroup hierarchy exists the sandbox falls back to
+RLIMIT_AS (see sandbox.py), and says so in its log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger("worker.cgroups")
+ROOT = Path("/sys/fs/cgroup")
+PARENT = "judge-sandbox"
+
+
+def _writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+def detect() -> str | None:
+    """'v2', 'v1' or None."""
+    if (ROOT / "cgroup.controllers").exists():
+        controllers = (ROOT / "cgroup.controllers").read_text().split()
+        if {"memory", "pids"} <= set(controllers) and _writable(ROOT):
+            return "v2"
+        return None
+    if _writable(ROOT / "memory") and _writable(ROOT / "pids"):
+        return "v1"
+    return None
+
+
+class RunCgroup:
+    """One cgroup (per controller on v1) for one sandboxed run."""
+
+    def __init__(self, version: str, memory_bytes: int, max_pids: int):
+        self.version = version
+        name = f"run-{uuid.uuid4().hex[:12]}"
+        if version == "v2":
+            parent = ROOT / PARENT
+            if not parent.exists():
+                parent.mkdir(exist_ok=True)
+                (ROOT / "cgroup.subtree_control").write_text("+memory +pids")
+                (parent / "cgroup.subtree_control").write_text("+memory +pids")
+            self.dirs = [parent / name]
+        else:
+            self.dirs = []
+            for controller in ("memory", "pids"):
+                parent = ROOT / controller / PARENT
+                parent.mkdir(exist_ok=True)
+                self.dirs.append(parent / name)
+        for directory in self.dirs:
+            directory.mkdir()
+        if version == "v2":
+            d = self.dirs[0]
+            (d / "memory.max").write_text(str(memory_bytes))
+            try:
+                (d / "memory.swap.max").write_text("0")
+            except OSError:
+                pass
+            (d / "pids.max").write_text(str(max_pids))
+        else:
+            mem, pids = self.dirs
+            (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            try:
+                (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+            except OSError:
+                pass
+            (pids / "pids.max").write_text(str(max_pids))
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def oom_killed(self) -> bool:
+        if self.version == "v2":
+            events = (self.dirs[0] / "memory.events").read_text()
+        else:
+            events = (self.dirs[0] / "memory.oom_control").read_text()
+        for line in events.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and int(value) > 0:
+                return True
+        return False
+
+    def peak_kb(self) -> int | None:
+        """Peak memory charged to the run (the kernel's accounting), or None where the kernel has no counter."""
+        name = "memory.peak" if self.version == "v2" else "memory.max_usage_in_bytes"
+        try:
+            return int((self.dirs[0] / name).read_text()) // 1024
+        except (OSError, ValueError):
+            return None
+
+    def kill_all(self) -> None:
+        for _ in range(50):
+            pids = set()
+            for f in self.procs_files:
+                try:
+                    pids.update(int(p) for p in Path(f).read_text().split())
+                except OSError:
+                    pass
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for directory in self.dirs:
+            for _ in range(50):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+            else:
+                log.warning("could not remove cgroup", extra={"cgroup": str(directory)})

@@ -1,0 +1,138 @@
+"""Worker configuration (TOML). Every bad or missing value is one clear error at start-up."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+LANGUAGES = ("c", "cpp", "python3")
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    uid: int = 65534
+    gid: int = 65534
+    output_limit_kb: int = 65536
+    max_processes: int = 64
+    wall_factor: float = 3.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str
+    kind: str
+    transport: str
+    outbox_dir: Path
+    testdata_dir: Path
+    work_dir: Path
+    languages: tuple[str, ...] = LANGUAGES
+    arbiter_urls: tuple[str, ...] = ()
+    credential: str = ""
+    dsn: str = ""
+    heartbeat_interval_secs: float = 15.0
+    long_poll_secs: float = 25.0
+    backoff_initial_secs: float = 1.0
+    backoff_max_secs: float = 30.0
+    legacy_poll_secs: float = 1.0
+    legacy_idle_fresh_secs: float = 5.0
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+
+_TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "testdata_dir": str, "work_dir": str,
+        "languages": list, "arbiter_urls": list, "credential_file": str, "dsn": str, "dsn_file": str,
+        "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
+        "backoff_max_secs": float, "legacy_poll_secs": float, "legacy_idle_fresh_secs": float, "sandbox": dict}
+_SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "max_processes": int, "wall_factor": float}
+
+
+def _check_types(section: str, raw: dict, schema: dict) -> None:
+    unknown = sorted(set(raw) - set(schema))
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {section}: {', '.join(unknown)}")
+    for key, value in raw.items():
+        expected = schema[key]
+        ok = isinstance(value, expected) and not isinstance(value, bool)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ConfigError(f"{section}.{key} must be {expected.__name__}, got {type(value).__name__}")
+
+
+def _read_secret(path: str, what: str) -> str:
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode & 0o777
+        text = p.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ConfigError(f"{what} {path} is readable by group/others (mode {oct(mode)}); chmod 600 it")
+    if not text:
+        raise ConfigError(f"{what} {path} is empty")
+    return text
+
+
+def load(path: str | Path) -> WorkerConfig:
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    _check_types("config", raw, _TOP)
+    sandbox_raw = raw.pop("sandbox", {})
+    _check_types("sandbox", sandbox_raw, _SANDBOX)
+    for key in ("worker_id", "kind", "transport", "outbox_dir", "testdata_dir", "work_dir"):
+        if not raw.get(key):
+            raise ConfigError(f"config key {key!r} is required")
+    if not WORKER_ID.match(raw["worker_id"]):
+        raise ConfigError("worker_id must be 1-63 chars of a-z, 0-9, '_' or '-'")
+    if raw["kind"] not in ("home", "production"):
+        raise ConfigError("kind must be 'home' or 'production'")
+    if raw["transport"] not in ("arbiter", "direct"):
+        raise ConfigError("transport must be 'arbiter' or 'direct'")
+    languages = tuple(raw.get("languages", LANGUAGES))
+    if not languages or not set(languages) <= set(LANGUAGES):
+        raise ConfigError(f"languages must be a non-empty subset of {list(LANGUAGES)}")
+    values = {k: raw[k] for k in ("heartbeat_interval_secs", "long_poll_secs", "backoff_initial_secs",
+                                  "backoff_max_secs", "legacy_poll_secs", "legacy_idle_fresh_secs") if k in raw}
+    for key, value in values.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0")
+    if values.get("long_poll_secs", 25) > 30:
+        raise ConfigError("long_poll_secs must be at most 30 (the arbiter's long-poll limit)")
+    credential = dsn = ""
+    urls = tuple(raw.get("arbiter_urls", ()))
+    if raw["transport"] == "arbiter":
+        if not urls or not all(isinstance(u, str) and re.match(r"^https?://[^/\s]+", u) for u in urls):
+            raise ConfigError("transport 'arbiter' needs arbiter_urls: a list of http(s)://host:port URLs")
+        if not raw.get("credential_file"):
+            raise ConfigError("transport 'arbiter' needs credential_file")
+        credential = _read_secret(raw["credential_file"], "credential_file")
+        if not credential.startswith(raw["worker_id"] + "."):
+            raise ConfigError(f"credential_file holds a credential for another worker, not {raw['worker_id']!r}")
+    if raw.get("dsn") and raw.get("dsn_file"):
+        raise ConfigError("give dsn or dsn_file, not both")
+    if raw.get("dsn_file"):
+        dsn = _read_secret(raw["dsn_file"], "dsn_file")
+    elif raw.get("dsn"):
+        dsn = raw["dsn"]
+    if raw["transport"] == "direct" and not dsn:
+        raise ConfigError("transport 'direct' needs dsn or dsn_file")
+    sandbox = SandboxConfig(**sandbox_raw)
+    if sandbox.uid == 0 or sandbox.gid == 0:
+        raise ConfigError("sandbox uid/gid must not be 0: submissions never run as root")
+    testdata = Path(raw["testdata_dir"])
+    if not testdata.is_dir():
+        raise ConfigError(f"testdata_dir {testdata} is not a directory")
+    return WorkerConfig(worker_id=raw["worker_id"], kind=raw["kind"], transport=raw["transport"],
+                        outbox_dir=Path(raw["outbox_dir"]), testdata_dir=testdata, work_dir=Path(raw["work_dir"]),
+                        languages=languages, arbiter_urls=urls, credential=credential, dsn=dsn, sandbox=sandbox,
+                        **values)

@@ -1,0 +1,162 @@
+"""Judges one submission: compile in the sandbox, run every test in the sandbox, compare tokens.
+
+Test data comes from the local test-data directory: ``<testdata>/<problem_id>/<n>.in`` and
+``<n>.out`` (a directory named by the problem's slug is accepted too). Missing or broken
+test data is ``system_error`` with a reason, never a wrong verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .sandbox import Limits, RunResult, Sandbox, limits_for_compile
+
+log = logging.getLogger("worker.judge")
+
+LANGUAGES = {
+    "c": {"source": "main.c", "compile": ["/usr/bin/gcc", "-O2", "-std=gnu17", "-pipe", "-o", "main", "main.c", "-lm"],
+          "run": ["./main"]},
+    "cpp": {"source": "main.cpp", "compile": ["/usr/bin/g++", "-O2", "-std=gnu++17", "-pipe", "-o", "main",
+                                              "main.cpp"],
+            "run": ["./main"]},
+    "python3": {"source": "main.py",
+                "compile": ["/usr/bin/python3", "-I", "-c",
+                            "import sys; compile(open('main.py', 'rb').read(), 'main.py', 'exec')"],
+                "run": ["/usr/bin/python3", "-I", "-S", "main.py"]},
+}
+
+
+class JudgeCancelled(Exception):
+    """The lease was lost (410 on a heartbeat): stop, report nothing."""
+
+
+@dataclass
+class Verdict:
+    verdict: str
+    time_ms: int = 0
+    memory_kb: int = 0
+    detail: dict = field(default_factory=dict)
+
+    def as_result(self) -> dict:
+        return {"verdict": self.verdict, "time_ms": self.time_ms, "memory_kb": self.memory_kb, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Job:
+    submission_id: int
+    problem_id: int
+    problem_slug: str
+    language: str
+    source: str
+    time_limit_ms: int
+    memory_limit_kb: int
+
+
+def tokens_equal(expected_path: Path, actual_path: Path) -> bool:
+    with open(expected_path, "rb") as e, open(actual_path, "rb") as a:
+        return e.read().split() == a.read().split()
+
+
+def find_tests(testdata_dir: Path, job: Job) -> tuple[list[tuple[Path, Path]], str | None]:
+    for name in (str(job.problem_id), job.problem_slug):
+        directory = testdata_dir / name
+        if directory.is_dir():
+            break
+    else:
+        return [], f"no test data for problem {job.problem_id} ({job.problem_slug}) under {testdata_dir}"
+    inputs = sorted(directory.glob("*.in"), key=lambda p: (len(p.stem), p.stem))
+    if not inputs:
+        return [], f"test data directory {directory} has no .in files"
+    pairs = []
+    for inp in inputs:
+        out = inp.with_suffix(".out")
+        if not out.is_file():
+            return [], f"test {inp.name} has no matching {out.name}"
+        pairs.append((inp, out))
+    return pairs, None
+
+
+class Judge:
+    def __init__(self, sandbox: Sandbox, testdata_dir: Path, work_dir: Path, output_limit_kb: int = 65536,
+                 wall_factor: float = 3.0, max_processes: int = 64):
+        self.sandbox = sandbox
+        self.testdata_dir = Path(testdata_dir)
+        self.work_dir = Path(work_dir)
+        self.output_limit_kb = output_limit_kb
+        self.wall_factor = wall_factor
+        self.max_processes = max_processes
+
+    def judge(self, job: Job, cancelled: threading.Event | None = None) -> Verdict:
+        cancelled = cancelled or threading.Event()
+        if job.language not in LANGUAGES:
+            return Verdict("system_error", detail={"reason": f"worker does not judge language {job.language!r}"})
+        tests, problem = find_tests(self.testdata_dir, job)
+        if problem:
+            return Verdict("system_error", detail={"reason": problem})
+        spec = LANGUAGES[job.language]
+        run_dir = self.work_dir / f"s{job.submission_id}-{os.getpid()}-{threading.get_ident()}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        box = run_dir / "box"
+        box.mkdir(parents=True)
+        os.chown(box, self.sandbox.uid, self.sandbox.gid)
+        try:
+            (box / spec["source"]).write_text(job.source, encoding="utf-8")
+            compiled = self._compile(spec, box, run_dir)
+            if compiled is not None:
+                return compiled
+            return self._run_tests(spec, job, tests, box, run_dir, cancelled)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _compile(self, spec, box: Path, run_dir: Path) -> Verdict | None:
+        log_path = run_dir / "compile.log"
+        with open(log_path, "wb") as out:
+            result = self.sandbox.run(spec["compile"], box=box, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                      limits=limits_for_compile(), writable_box=True)
+        if result.exit_code == 0:
+            return None
+        message = log_path.read_bytes()[:4000].decode("utf-8", "replace")
+        if result.wall_timeout or result.signal:
+            message += f"\n(compiler stopped: {'time limit' if result.wall_timeout else signal.Signals(result.signal).name})"
+        return Verdict("CE", detail={"compiler_output": message})
+
+    def _run_tests(self, spec, job: Job, tests, box: Path, run_dir: Path, cancelled) -> Verdict:
+        limits = Limits(cpu_ms=job.time_limit_ms, wall_ms=int(job.time_limit_ms * self.wall_factor) + 1000,
+                        memory_kb=job.memory_limit_kb, output_kb=self.output_limit_kb,
+                        max_processes=self.max_processes)
+        per_test = []
+        worst_time = worst_memory = 0
+        for index, (inp, expected) in enumerate(tests, start=1):
+            if cancelled.is_set():
+                raise JudgeCancelled()
+            out_path, err_path = run_dir / f"{index}.out", run_dir / f"{index}.err"
+            with open(inp, "rb") as stdin, open(err_path, "wb") as stderr:
+                result = self.sandbox.run(spec["run"], box=box, stdin=stdin, stdout=out_path, stderr=stderr,
+                                          limits=limits)
+            verdict = self._classify(result, limits, expected, out_path)
+            worst_time = max(worst_time, result.cpu_ms)
+            worst_memory = max(worst_memory, result.memory_kb)
+            per_test.append({"test": index, "verdict": verdict, "time_ms": result.cpu_ms,
+                             "wall_ms": result.wall_ms, "memory_kb": result.memory_kb})
+            if verdict != "AC":
+                return Verdict(verdict, worst_time, worst_memory, {"tests": per_test, "failed_test": index})
+        return Verdict("AC", worst_time, worst_memory, {"tests": per_test})
+
+    @staticmethod
+    def _classify(result: RunResult, limits: Limits, expected: Path, actual: Path) -> str:
+        if result.cpu_ms > limits.cpu_ms or result.wall_timeout or result.signal == signal.SIGXCPU:
+            return "TLE"
+        if result.output_exceeded:
+            return "OLE"
+        if result.oom_killed or result.memory_kb > limits.memory_kb:
+            return "MLE"
+        if result.signal is not None or result.exit_code != 0:
+            return "RE"
+        return "AC" if tokens_equal(expected, actual) else "WA"

@@ -1,0 +1,174 @@
+"""judge-worker: the daemon supervisor runs (``judge-worker --config FILE``).
+
+Start-up: check the config and the sandbox, deliver whatever the outbox holds,
+then loop: get an assignment -> keep its lease alive -> judge -> outbox -> deliver.
+SIGTERM: finish the submission being judged (its result goes through the
+outbox), take no new work, exit 0. A lease whose heartbeat answers 410 is
+abandoned at once and nothing is reported for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+
+from arbiter import logs
+
+from . import config as config_mod
+from . import faults
+from .backoff import Backoff
+from .judge import Judge, JudgeCancelled
+from .outbox import Outbox
+from .sandbox import Sandbox, SandboxUnavailable
+
+log = logging.getLogger("worker")
+
+
+def make_transport(cfg):
+    if cfg.transport == "arbiter":
+        from .transport_arbiter import ArbiterTransport
+
+        return ArbiterTransport(cfg)
+    from .transport_direct import DirectTransport
+
+    return DirectTransport(cfg)
+
+
+class Worker:
+    def __init__(self, cfg, sandbox: Sandbox | None = None):
+        self.cfg = cfg
+        self.stopping = threading.Event()
+        self.outbox = Outbox(cfg.outbox_dir)
+        self.sandbox = sandbox or Sandbox(uid=cfg.sandbox.uid, gid=cfg.sandbox.gid)
+        self.judge = Judge(self.sandbox, cfg.testdata_dir, cfg.work_dir, output_limit_kb=cfg.sandbox.output_limit_kb,
+                           wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes)
+        self.transport = make_transport(cfg)
+        self._fallback = None  # the other transport, for outbox entries written under it
+        self.judged = 0
+
+    # -- outbox ---------------------------------------------------------------------
+    def _transport_for(self, entry):
+        if entry.transport == self.transport.name:
+            return self.transport
+        if entry.transport == "direct" and self.cfg.dsn or entry.transport == "arbiter" and self.cfg.arbiter_urls:
+            if self._fallback is None:
+                from .transport_arbiter import ArbiterTransport
+                from .transport_direct import DirectTransport
+
+                self._fallback = DirectTransport(self.cfg) if entry.transport == "direct" else ArbiterTransport(self.cfg)
+            return self._fallback
+        return self.transport
+
+    def deliver_outbox(self, give_up_on_stop: bool = True) -> None:
+        """Deliver every entry, oldest first; each retried with backoff until 200 or 410."""
+        for path, entry in self.outbox.pending():
+            backoff = Backoff(self.cfg.backoff_initial_secs, self.cfg.backoff_max_secs)
+            while True:
+                outcome = self._transport_for(entry).deliver(entry)
+                if outcome in ("delivered", "gone"):
+                    self.outbox.clear(path)
+                    log.info("result delivered" if outcome == "delivered" else "result refused as stale (410)",
+                             extra={"submission_id": entry.submission_id, "verdict": entry.verdict,
+                                    "lease_gen": entry.lease_gen})
+                    break
+                if outcome.startswith("reject:"):
+                    self.outbox.reject(path, outcome[len("reject:"):])
+                    break
+                if give_up_on_stop and self.stopping.is_set():
+                    log.info("stopping with results still in the outbox; they are delivered on the next start")
+                    return
+                self.stopping.wait(backoff.next_delay())
+
+    # -- the loop ---------------------------------------------------------------------
+    def run_once(self) -> bool:
+        """One assignment judged and delivered. False when there was nothing to do."""
+        assignment = self.transport.next_assignment(self.stopping)
+        if assignment is None:
+            return False
+        job = assignment.job
+        if self.stopping.is_set():
+            # Stopping: an unconfirmed lease goes back to the queue by itself (and costs no attempt).
+            log.info("stopping: handing the new lease back unconfirmed", extra={"submission_id": job.submission_id})
+            return True
+        log.info("judging", extra={"submission_id": job.submission_id, "language": job.language,
+                                   "lease_gen": assignment.lease_gen})
+        keepalive = self.transport.keep_alive(assignment)
+        try:
+            if keepalive.lost.is_set():
+                return True
+            try:
+                verdict = self.judge.judge(job, cancelled=keepalive.lost)
+            except JudgeCancelled:
+                log.warning("judging abandoned: lease lost", extra={"submission_id": job.submission_id})
+                return True
+            except Exception as exc:  # noqa: BLE001 - a judge bug must not lose the lease silently
+                log.exception("judge failed", extra={"submission_id": job.submission_id})
+                from .judge import Verdict
+
+                verdict = Verdict("system_error", detail={"reason": f"judge error: {type(exc).__name__}"})
+        finally:
+            keepalive.stop()
+        if keepalive.lost.is_set():
+            log.warning("lease lost while judging; result dropped", extra={"submission_id": job.submission_id})
+            return True
+        self.outbox.put(self.transport.entry_for(assignment, verdict))
+        faults.after_outbox_write()
+        self.judged += 1
+        log.info("judged", extra={"submission_id": job.submission_id, "verdict": verdict.verdict,
+                                  "time_ms": verdict.time_ms, "memory_kb": verdict.memory_kb})
+        self.deliver_outbox()
+        return True
+
+    def run(self) -> int:
+        self.sandbox.self_test(self.cfg.work_dir / "selftest")
+        log.info("worker started", extra={"worker_id": self.cfg.worker_id, "kind": self.cfg.kind,
+                                          "transport": self.cfg.transport, "cgroups": self.sandbox.cgroup_version})
+        self.deliver_outbox()
+        while not self.stopping.is_set():
+            try:
+                self.run_once()
+            except Exception:  # noqa: BLE001 - keep serving; supervisor would restart us anyway
+                log.exception("worker loop error")
+                self.stopping.wait(1.0)
+        self.transport.close()
+        log.info("worker stopped", extra={"judged": self.judged})
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="judge-worker", description="Judge worker daemon")
+    parser.add_argument("--config", required=True, help="TOML config file")
+    parser.add_argument("--check-config", action="store_true", help="validate the config and the sandbox, then exit")
+    args = parser.parse_args(argv)
+    logs.configure()
+    try:
+        cfg = config_mod.load(args.config)
+        for directory in (cfg.outbox_dir, cfg.work_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        worker = Worker(cfg)
+        if args.check_config:
+            worker.sandbox.self_test(cfg.work_dir / "selftest")
+            print(f"config ok: {cfg.worker_id} ({cfg.kind}) via {cfg.transport}")
+            return 0
+    except config_mod.ConfigError as exc:
+        print(f"judge-worker: config error: {exc}", file=sys.stderr)
+        return 2
+    except SandboxUnavailable as exc:
+        print(f"judge-worker: sandbox unavailable: {exc}", file=sys.stderr)
+        return 3
+
+    def on_term(signum, frame):
+        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        worker.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

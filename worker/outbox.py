@@ -1,0 +1,105 @@
+"""The durable outbox: every result is on disk, with its lease token, before any delivery attempt.
+
+Writes are atomic and durable: temp file, fsync, rename, fsync of the directory.
+A file that cannot be read back is moved to ``corrupt/`` with a log line and
+never stops the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("worker.outbox")
+
+
+@dataclass(frozen=True)
+class Entry:
+    transport: str  # "arbiter": delivered with lease_token; "direct": the legacy report
+    submission_id: int
+    verdict: str
+    lease_token: str | None = None
+    lease_gen: int | None = None
+    time_ms: int | None = None
+    memory_kb: int | None = None
+    detail: dict = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def filename(self) -> str:
+        return f"{int(self.created_at * 1000):015d}-{self.submission_id}-{self.entry_id}.json"
+
+    def result_payload(self) -> dict:
+        return {"lease_token": self.lease_token, "verdict": self.verdict, "time_ms": self.time_ms,
+                "memory_kb": self.memory_kb, "detail": self.detail}
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Outbox:
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.corrupt_dir = self.directory / "corrupt"
+        self.rejected_dir = self.directory / "rejected"
+
+    def put(self, entry: Entry) -> Path:
+        final = self.directory / entry.filename
+        tmp = self.directory / f".{entry.filename}.tmp"
+        data = json.dumps(asdict(entry), sort_keys=True).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        return final
+
+    def pending(self) -> list[tuple[Path, Entry]]:
+        """Entries waiting for delivery, oldest first. Corrupt files are moved aside."""
+        for stale in self.directory.glob(".*.tmp"):
+            # A crash between write and rename: the result was never complete, so it was never acknowledged.
+            log.warning("removing incomplete outbox write", extra={"file": stale.name})
+            stale.unlink(missing_ok=True)
+        entries = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                raw = json.loads(path.read_text(encoding="utf-8"))
+                entry = Entry(**raw)
+                if not isinstance(entry.submission_id, int) or not isinstance(entry.verdict, str):
+                    raise ValueError("bad field types")
+            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+                self._move(path, self.corrupt_dir)
+                log.error("corrupt outbox file moved aside", extra={"file": path.name, "error": str(exc)[:200]})
+                continue
+            entries.append((path, entry))
+        return entries
+
+    def clear(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        _fsync_dir(self.directory)
+
+    def reject(self, path: Path, reason: str) -> None:
+        """Keep an entry that can never be delivered (a bug, not an outage) for an operator to look at."""
+        self._move(path, self.rejected_dir)
+        log.error("outbox entry rejected", extra={"file": path.name, "reason": reason})
+
+    def _move(self, path: Path, directory: Path) -> None:
+        directory.mkdir(exist_ok=True, mode=0o700)
+        os.replace(path, directory / path.name)
+        _fsync_dir(self.directory)
+        _fsync_dir(directory)

@@ -1,0 +1,211 @@
+"""Runs one untrusted command in isolation: bubblewrap + an unprivileged uid + rlimits + a cgroup.
+
+Isolation: new user, PID, network, IPC and UTS namespaces (no network at all), a read-only view
+of the system directories the toolchains need, the run's box directory (read-write only while
+compiling), a private tmpfs /tmp, no /home, no /etc beyond the dynamic loader cache, and
+--die-with-parent. Limits: CPU time (RLIMIT_CPU), output size (RLIMIT_FSIZE), open files, no
+core dumps, process count (cgroup pids.max and RLIMIT_NPROC), memory (cgroup memory limit,
+or RLIMIT_AS when no cgroup is writable), and a wall-clock timer in the parent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cgroups
+
+SYSTEM_RO = ["/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin"]
+ETC_RO = ["/etc/ld.so.cache", "/etc/alternatives"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """The machine cannot isolate a run (no bwrap, no user namespaces...). Never run unsandboxed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_ms: int
+    wall_ms: int
+    memory_kb: int
+    output_kb: int = 65536
+    max_processes: int = 64
+    max_open_files: int = 64
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None
+    cpu_ms: int
+    wall_ms: int
+    memory_kb: int
+    oom_killed: bool
+    wall_timeout: bool
+    output_exceeded: bool
+
+
+class Sandbox:
+    def __init__(self, uid: int = 65534, gid: int = 65534, bwrap: str | None = None):
+        self.uid = uid
+        self.gid = gid
+        self.bwrap = bwrap or shutil.which("bwrap")
+        if self.bwrap is None:
+            raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+        for tool in ("setpriv", "prlimit"):
+            if shutil.which(tool) is None:
+                raise SandboxUnavailable(f"{tool} (util-linux) is not installed")
+        self.cgroup_version = cgroups.detect()
+
+    def self_test(self, scratch: Path) -> None:
+        """Refuse to start if isolation does not work on this machine."""
+        scratch.mkdir(parents=True, exist_ok=True)
+        for parent in [scratch, *scratch.parents]:
+            mode = parent.stat().st_mode
+            if parent != scratch and not mode & 0o001:
+                raise SandboxUnavailable(f"{parent} (mode {oct(mode & 0o777)}) cannot be traversed by the sandbox "
+                                         f"uid {self.uid}: put work_dir below directories with o+x")
+        os.chown(scratch, self.uid, self.gid)
+        out, err = scratch.parent / "selftest.out", scratch.parent / "selftest.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            result = self.run(["/bin/sh", "-c", "id -u"], box=scratch, stdin=subprocess.DEVNULL, stdout=stdout,
+                              stderr=stderr, limits=Limits(cpu_ms=2000, wall_ms=10000, memory_kb=262144))
+        text, problem = out.read_text().strip(), err.read_text(errors="replace").strip()[:300]
+        out.unlink()
+        err.unlink()
+        if result.exit_code != 0 or text != str(self.uid):
+            raise SandboxUnavailable(f"sandbox self-test failed (exit {result.exit_code}, uid {text!r}): {problem}; "
+                                     "check that bubblewrap works and unprivileged user namespaces are enabled")
+
+    def _bwrap_args(self, box: Path, writable_box: bool) -> list[str]:
+        # --as-pid-1: the program itself is PID 1 of its namespace and bwrap reaps it, so wait4() on our
+        # child reports the program's own CPU time and peak RSS (with a reaper in between it would not).
+        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
+                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for path in SYSTEM_RO:
+            if os.path.lexists(path):
+                args += (["--symlink", os.readlink(path), path] if os.path.islink(path)
+                         else ["--ro-bind", path, path])
+        for path in ETC_RO:
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        args += ["--bind" if writable_box else "--ro-bind", str(box), "/box", "--chdir", "/box",
+                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--unsetenv", "PYTHONPATH"]
+        return args
+
+    def run(self, argv: list[str], *, box: Path, stdin, stdout, stderr, limits: Limits,
+            writable_box: bool = False) -> RunResult:
+        """Run argv in the sandbox. ``stdout`` may be a Path: the output is then pumped through a pipe
+        by this process (so its page cache is not charged to the run's memory) and cut at the limit."""
+        cpu_s = max(1, -(-limits.cpu_ms // 1000))
+        # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
+        rlimits = [f"--cpu={cpu_s + 1}", f"--fsize={limits.output_kb * 1024}",
+                   f"--nofile={limits.max_open_files}", "--core=0", f"--nproc={limits.max_processes}"]
+        group = None
+        if self.cgroup_version:
+            # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
+            group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
+                                      limits.max_processes)
+        else:
+            rlimits.append(f"--as={limits.memory_kb * 1024}")
+        # prlimit(1) rather than preexec_fn: no Python runs between fork and exec in this threaded process.
+        inner = ["prlimit", *rlimits, "--",
+                 "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs",
+                 "--", *self._bwrap_args(box, writable_box), "--", *argv]
+        if group is not None:
+            # The shell moves itself into the cgroup before exec, so nothing escapes it by forking early.
+            script = "".join(f'echo $$ > "{f}" && ' for f in group.procs_files) + 'exec "$@"'
+            inner = ["/bin/sh", "-c", script, "sandbox", *inner]
+        started = time.monotonic()
+        wall_timeout = False
+        pump = None
+        try:
+            proc = subprocess.Popen(inner, stdin=stdin, stdout=subprocess.PIPE if isinstance(stdout, Path) else stdout,
+                                    stderr=stderr, close_fds=True, start_new_session=True,
+                                    env={"PATH": "/usr/bin:/bin"})
+            if isinstance(stdout, Path):
+                pump = _OutputPump(proc.stdout, stdout, limits.output_kb * 1024)
+            deadline = started + limits.wall_ms / 1000
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                overflow = pump is not None and pump.exceeded.is_set()
+                if time.monotonic() > deadline or overflow:
+                    wall_timeout = not overflow
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    if group is not None:
+                        group.kill_all()
+                    pid, status, usage = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.005)
+            wall_ms = int((time.monotonic() - started) * 1000)
+            if pump is not None:
+                pump.finish()
+            oom = group.oom_killed() if group is not None else False
+            peak_kb = group.peak_kb() if group is not None else None
+        finally:
+            if group is not None:
+                group.remove()
+        code = os.waitstatus_to_exitcode(status)
+        sig = -code if code < 0 else None
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) > 128 and not os.WIFSIGNALED(status):
+            # bwrap reports the sandboxed program's death by signal N as exit 128+N.
+            sig = os.WEXITSTATUS(status) - 128
+        cpu_ms = int((usage.ru_utime + usage.ru_stime) * 1000)
+        return RunResult(
+            exit_code=None if sig else code,
+            signal=sig,
+            cpu_ms=cpu_ms,
+            wall_ms=wall_ms,
+            # ru_maxrss of our child starts at this (forking) process's own size; the cgroup's peak does not.
+            memory_kb=peak_kb if peak_kb is not None else usage.ru_maxrss,
+            oom_killed=oom,
+            wall_timeout=wall_timeout,
+            output_exceeded=sig == signal.SIGXFSZ or (pump is not None and pump.exceeded.is_set()),
+        )
+
+
+class _OutputPump(threading.Thread):
+    """Copies the program's stdout to a file, up to ``limit`` bytes; beyond that it flags the overflow."""
+
+    def __init__(self, pipe, path: Path, limit: int):
+        super().__init__(daemon=True)
+        self.pipe = pipe
+        self.path = path
+        self.limit = limit
+        self.exceeded = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        written = 0
+        with open(self.path, "wb") as out:
+            while True:
+                chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+                if not chunk:
+                    break
+                if written + len(chunk) > self.limit:
+                    out.write(chunk[: self.limit - written])
+                    self.exceeded.set()
+                    break
+                out.write(chunk)
+                written += len(chunk)
+        self.pipe.close()
+
+    def finish(self) -> None:
+        self.join(timeout=10)
+
+
+def limits_for_compile() -> Limits:
+    return Limits(cpu_ms=20000, wall_ms=30000, memory_kb=1048576, output_kb=65536, max_processes=32,
+                  max_open_files=256)
+

@@ -1,0 +1,138 @@
+"""Arbiter transport: long-poll acquire (request_id reused across retries), heartbeats, results."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+
+from .backoff import Backoff
+from .http_client import ArbiterClient, Unreachable
+from .judge import Job
+from .outbox import Entry
+
+log = logging.getLogger("worker.arbiter")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    job: Job
+    lease_token: str | None
+    lease_gen: int | None
+    transport: str
+
+
+def job_from_lease(lease: dict) -> Job:
+    problem = lease["problem"]
+    return Job(submission_id=lease["submission_id"], problem_id=problem["id"], problem_slug=problem["slug"],
+               language=lease["language"], source=lease["source"], time_limit_ms=problem["time_limit_ms"],
+               memory_limit_kb=problem["memory_limit_kb"])
+
+
+class Heartbeats(threading.Thread):
+    """Keeps one lease alive while it is judged; sets ``lost`` on 410 (or 403/404)."""
+
+    def __init__(self, client: ArbiterClient, assignment: Assignment, interval: float, backoff_max: float):
+        super().__init__(daemon=True, name=f"heartbeat-{assignment.job.submission_id}")
+        self.client = client
+        self.assignment = assignment
+        self.interval = interval
+        self.backoff = Backoff(1.0, backoff_max)
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def beat(self) -> bool:
+        """One heartbeat. False when the arbiter could not be reached."""
+        a = self.assignment
+        try:
+            reply = self.client.heartbeat(a.job.submission_id, a.lease_token)
+        except Unreachable:
+            return False
+        if reply.status in (403, 404, 410):
+            log.warning("lease lost", extra={"submission_id": a.job.submission_id, "status": reply.status})
+            self.lost.set()
+        return True
+
+    def run(self) -> None:
+        delay = self.interval
+        while not self.done.wait(delay) and not self.lost.is_set():
+            if self.beat():
+                self.backoff.reset()
+                delay = self.interval
+            else:
+                delay = min(self.interval, self.backoff.next_delay())
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=5)
+
+
+class ArbiterTransport:
+    name = "arbiter"
+
+    def __init__(self, config):
+        self.config = config
+        self.client = ArbiterClient(list(config.arbiter_urls), config.credential, timeout=15)
+        self.backoff = Backoff(config.backoff_initial_secs, config.backoff_max_secs)
+        self._request_id: str | None = None
+
+    def next_assignment(self, stopping: threading.Event) -> Assignment | None:
+        """One long-poll. The same request_id is reused until an answer arrives, so a retry after a lost
+        reply gets the same lease back instead of a second one."""
+        if self._request_id is None:
+            self._request_id = uuid.uuid4().hex
+        try:
+            reply = self.client.acquire(self._request_id, list(self.config.languages), self.config.long_poll_secs)
+        except Unreachable as exc:
+            delay = self.backoff.next_delay(at_least=exc.retry_after)
+            log.warning("arbiter unreachable; backing off", extra={"delay_secs": round(delay, 2),
+                                                                    "error": str(exc)[:200]})
+            stopping.wait(delay)
+            return None
+        self.backoff.reset()
+        if reply.status == 200:
+            self._request_id = None
+            lease = reply.body
+            return Assignment(job_from_lease(lease), lease["lease_token"], lease["lease_gen"], self.name)
+        if reply.status == 204:
+            return None
+        self._request_id = None
+        if reply.status == 410:
+            return None
+        log.error("acquire refused", extra={"status": reply.status,
+                                            "title": (reply.body or {}).get("title")})
+        stopping.wait(self.backoff.next_delay())
+        return None
+
+    def keep_alive(self, assignment: Assignment) -> Heartbeats:
+        beats = Heartbeats(self.client, assignment, self.config.heartbeat_interval_secs, self.config.backoff_max_secs)
+        beats.beat()  # the first heartbeat confirms the lease (10 s -> full lease)
+        beats.start()
+        return beats
+
+    def entry_for(self, assignment: Assignment, verdict) -> Entry:
+        return Entry(transport="arbiter", submission_id=assignment.job.submission_id, verdict=verdict.verdict,
+                     lease_token=assignment.lease_token, lease_gen=assignment.lease_gen, time_ms=verdict.time_ms,
+                     memory_kb=verdict.memory_kb, detail=verdict.detail)
+
+    def deliver(self, entry: Entry) -> str:
+        """'delivered' | 'gone' | 'retry' | 'reject:<why>'"""
+        if entry.transport != "arbiter":
+            return "reject:a direct-DB result cannot be delivered through the arbiter"
+        try:
+            reply = self.client.result(entry.submission_id, entry.result_payload())
+        except Unreachable as exc:
+            log.warning("result delivery failed; will retry", extra={"submission_id": entry.submission_id,
+                                                                      "error": str(exc)[:200]})
+            return "retry"
+        if reply.status == 200:
+            return "delivered"
+        if reply.status == 410:
+            return "gone"
+        if reply.status in (401, 429) or reply.status >= 500:
+            return "retry"
+        return f"reject:HTTP {reply.status} {(reply.body or {}).get('title', '')}"
+
+    def close(self) -> None:
+        pass
