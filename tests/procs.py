@@ -163,7 +163,8 @@ class WorkerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         self.outbox = self.home / "outbox"
         lines = [f'worker_id = "{worker_id}"', f'kind = "{kind}"', f'transport = "{transport}"',
-                 f'outbox_dir = "{self.outbox}"', f'testdata_dir = "{testdata}"', f'work_dir = "{self.home / "work"}"']
+                 f'outbox_dir = "{self.outbox}"', f'testdata_dir = "{testdata}"',
+                 f'work_dir = "{sandbox_work_dir()}"']
         if credential:
             cred = self.home / "credential"
             cred.write_text(credential + "\n")

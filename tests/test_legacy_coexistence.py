@@ -1,0 +1,112 @@
+"""Cutover stage 2: legacy direct-DB workers and an arbiter worker on one database."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import psycopg
+
+from arbiter import leases
+from fixtures_data import seed_problem, seed_user
+from procs import add_worker, wait_for, write_testdata
+from programs import APLUSB_TESTS, PROGRAMS
+from worker.config import SandboxConfig, WorkerConfig
+from worker.transport_direct import DirectTransport
+
+FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 2.0,
+        "legacy_poll_secs": 0.2}
+
+
+def legacy_login(db, name: str) -> str:
+    """A per-host LOGIN role in the legacy group role, as the baseline deployment has."""
+    role = f"{name.replace('-', '_')}_{os.getpid()}"
+    with db.connect() as conn:
+        conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        conn.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE judge_legacy_worker')
+        conn.execute(f'GRANT CONNECT ON DATABASE "{db.name}" TO "{role}"')
+    return db.dsn.replace("user=postgres", f"user={role}")
+
+
+def test_legacy_and_arbiter_workers_never_claim_the_same_submission(make_db, arbiters, workers, tmp_path):
+    db = make_db("stage1")
+    with db.connect() as conn:
+        problem = seed_problem(conn)
+        user = seed_user(conn)
+        cred = add_worker(conn, "home-1")
+        sids = [leases.submit(conn, user, problem, "python3", PROGRAMS["python3"]["AC"]) for _ in range(45)]
+    testdata = tmp_path / "testdata"
+    write_testdata(testdata, problem, APLUSB_TESTS)
+    a = arbiters.start(db.dsn)
+    procs = [
+        workers("home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=cred, **FAST),
+        workers("home-2", "home", "direct", testdata, dsn=legacy_login(db, "home-2"), **FAST),
+        workers("prod-1", "production", "direct", testdata, dsn=legacy_login(db, "prod-1"), **FAST),
+    ]
+    for p in procs:
+        p.start()
+    with db.connect() as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status = 'AC'").fetchone()[0] == 45,
+                 180, interval=0.5, what="all judged")
+        per_submission = conn.execute("SELECT submission_id, count(*) FROM submission_judgings GROUP BY 1").fetchall()
+        assert sorted(s for s, _ in per_submission) == sids
+        assert all(n == 1 for _, n in per_submission), "a submission was judged twice"
+        by_worker = dict(conn.execute("SELECT worker_id, count(*) FROM submission_judgings GROUP BY 1").fetchall())
+        leased = conn.execute("SELECT count(*) FROM submission_judgings WHERE lease_token IS NOT NULL").fetchone()[0]
+        assert leased == by_worker.get("home-1", 0) > 0
+        assert by_worker.get("home-2", 0) > 0
+        assert conn.execute("SELECT rr_last_home FROM judge_dispatch_state").fetchone()[0] in ("home-1", "home-2")
+    for p in procs:
+        errors = [line for line in p.log_text().splitlines() if '"level": "error"' in line]
+        assert errors == [], errors
+
+
+def _direct(dsn, worker_id, kind, tmp_path):
+    cfg = WorkerConfig(worker_id=worker_id, kind=kind, transport="direct", outbox_dir=tmp_path / "o",
+                       testdata_dir=tmp_path, work_dir=tmp_path / "w", dsn=dsn, sandbox=SandboxConfig())
+    return DirectTransport(cfg)
+
+
+def test_legacy_yield_rules(make_db, tmp_path):
+    db = make_db("stage1")
+    with db.connect() as conn:
+        problem = seed_problem(conn)
+        user = seed_user(conn)
+        for _ in range(4):
+            leases.submit(conn, user, problem, "python3", "print(1)")
+    prod = _direct(db.dsn, "prod-1", "production", tmp_path)
+    home1 = _direct(db.dsn, "home-1", "home", tmp_path)
+    home2 = _direct(db.dsn, "home-2", "home", tmp_path)
+    assert home1.claim() is not None  # home-1 announces itself idle and claims
+    assert home2.claim() is not None
+    # Both home workers idle again: production yields to them.
+    with db.connect() as conn:
+        conn.execute("UPDATE judge_nodes SET idle = true, last_seen = now()")
+    assert prod.claim() is None
+    # Round-robin: home-2 claimed last, so it is home-1's turn; home-2 yields.
+    assert home2.claim() is None
+    assert home1.claim() is not None
+    # No idle home worker (stale heartbeat): production takes work.
+    with db.connect() as conn:
+        conn.execute("UPDATE judge_nodes SET last_seen = now() - interval '1 minute'")
+    assert prod.claim() is not None
+
+
+def test_legacy_global_lock_stalls_everyone_while_held(make_db, tmp_path):
+    """The legacy weakness the arbiter removes: one worker holding the lock blocks all claims."""
+    db = make_db("stage1")
+    with db.connect() as conn:
+        problem = seed_problem(conn)
+        leases.submit(conn, seed_user(conn), problem, "python3", "print(1)")
+    home = _direct(db.dsn, "home-1", "home", tmp_path)
+    holder = psycopg.connect(db.dsn)
+    holder.execute("SELECT * FROM judge_dispatch_state WHERE id = 1 FOR UPDATE")
+    got = []
+    t = threading.Thread(target=lambda: got.append(home.claim()))
+    t.start()
+    t.join(1.5)
+    assert t.is_alive() and not got, "claim should wait for the global lock"
+    holder.rollback()
+    holder.close()
+    t.join(5)
+    assert got and got[0] is not None

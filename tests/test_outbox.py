@@ -1,0 +1,62 @@
+"""The worker's outbox: atomic, durable, ordered; corrupt files are moved aside, never fatal."""
+
+import json
+import os
+
+from worker.backoff import Backoff
+from worker.outbox import Entry, Outbox
+
+
+def test_put_pending_clear(tmp_path):
+    box = Outbox(tmp_path / "outbox")
+    first = box.put(Entry("arbiter", 1, "AC", lease_token="t1", lease_gen=1, created_at=1.0))
+    box.put(Entry("direct", 2, "WA", created_at=2.0))
+    assert oct(first.stat().st_mode & 0o777) == "0o600"
+    pending = box.pending()
+    assert [e.submission_id for _, e in pending] == [1, 2]
+    assert pending[0][1].lease_token == "t1"
+    box.clear(pending[0][0])
+    assert [e.submission_id for _, e in box.pending()] == [2]
+
+
+def test_incomplete_write_is_discarded_and_corrupt_file_moved_aside(tmp_path, caplog):
+    box = Outbox(tmp_path / "outbox")
+    (box.directory / ".000-9-x.json.tmp").write_text('{"half": ')
+    (box.directory / "000000000000001-7-bad.json").write_text("{not json")
+    (box.directory / "000000000000002-8-odd.json").write_text(json.dumps({"unexpected": 1}))
+    good = box.put(Entry("arbiter", 3, "AC", lease_token="t", lease_gen=1))
+    pending = box.pending()
+    assert [p for p, _ in pending] == [good]
+    assert sorted(p.name for p in (box.directory / "corrupt").iterdir()) == [
+        "000000000000001-7-bad.json", "000000000000002-8-odd.json"]
+    assert not list(box.directory.glob(".*.tmp"))
+    assert "corrupt outbox file moved aside" in caplog.text
+
+
+def test_put_is_durable_against_a_crash_between_write_and_rename(tmp_path, monkeypatch):
+    box = Outbox(tmp_path / "outbox")
+    calls = []
+    real_rename = os.rename
+
+    def crash_on_rename(src, dst):
+        calls.append((src, dst))
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(os, "rename", crash_on_rename)
+    try:
+        box.put(Entry("arbiter", 5, "AC", lease_token="t", lease_gen=1))
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert calls and box.pending() == []  # never half-visible: either absent or whole
+
+
+def test_backoff_doubles_with_jitter_and_caps_at_30():
+    import random
+
+    b = Backoff(1.0, 30.0, rng=random.Random(7))
+    delays = [b.next_delay() for _ in range(8)]
+    for expected, got in zip([1, 2, 4, 8, 16, 30, 30, 30], delays):
+        assert expected * 0.8 <= got <= expected * 1.2
+    b.reset()
+    assert b.next_delay() <= 1.2

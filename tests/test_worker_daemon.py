@@ -1,0 +1,127 @@
+"""The worker daemon as a real process against a real arbiter and database."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fixtures_data import seed_problem, seed_user
+from arbiter import leases
+from procs import add_worker, wait_for, write_testdata
+from programs import APLUSB_TESTS, PROGRAMS
+
+WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
+               "backoff_max_secs": 2.0}
+
+
+@pytest.fixture
+def lab(db, arbiters, workers, tmp_path):
+    with db.connect() as conn:
+        problem = seed_problem(conn, "aplusb", xp_reward=10)
+        user = seed_user(conn, "alice")
+        cred = add_worker(conn, "home-1")
+    testdata = tmp_path / "testdata"
+    write_testdata(testdata, problem, APLUSB_TESTS)
+
+    def submit(language="python3", verdict="AC", source=None):
+        with db.connect() as conn:
+            return leases.submit(conn, user, problem, language, source or PROGRAMS[language][verdict])
+
+    def status(sid):
+        with db.connect() as conn:
+            return conn.execute("SELECT status FROM submissions WHERE id = %s", (sid,)).fetchone()[0]
+
+    def history(sid):
+        with db.connect() as conn:
+            return conn.execute("SELECT verdict, lease_gen FROM submission_judgings WHERE submission_id = %s "
+                                "ORDER BY seq", (sid,)).fetchall()
+
+    return dict(db=db, arbiters=arbiters, workers=workers, testdata=testdata, cred=cred, submit=submit,
+                status=status, history=history, problem=problem)
+
+
+def start_worker(lab, arbiter, env=None, **extra):
+    w = lab["workers"]("home-1", "home", "arbiter", lab["testdata"], arbiter_urls=[arbiter.url],
+                       credential=lab["cred"], env=env, **{**WORKER_FAST, **extra})
+    return w.start()
+
+
+def test_worker_judges_real_submissions_with_correct_verdicts(lab):
+    a = lab["arbiters"].start(lab["db"].dsn)
+    expected = {lab["submit"](lang, v): v for lang in ("python3", "c", "cpp") for v in ("AC", "WA", "CE", "RE")}
+    start_worker(lab, a)
+    wait_for(lambda: all(lab["status"](s) not in ("pending", "judging") for s in expected), 120,
+             interval=0.3, what="all judged")
+    assert {s: lab["status"](s) for s in expected} == expected
+    for sid in expected:
+        assert len(lab["history"](sid)) == 1
+
+
+def test_kill9_after_outbox_write_delivers_exactly_once_on_restart(lab):
+    a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0, unconfirmed_secs=10.0)
+    sid = lab["submit"]("python3", "AC")
+    w = start_worker(lab, a, env={"JUDGE_WORKER_FAULTS": "crash_after_outbox_write"})
+    assert w.proc.wait(60) == -9  # killed itself right after the outbox write
+    files = w.outbox_files()
+    assert len(files) == 1 and lab["status"](sid) == "judging"
+    w.env = {}
+    w.start(env={"JUDGE_WORKER_FAULTS": ""})
+    wait_for(lambda: lab["status"](sid) == "AC", 30, what="outbox delivered after restart")
+    wait_for(lambda: not w.outbox_files(), 10, what="outbox cleared")
+    assert lab["history"](sid) == [("AC", 1)]
+    with lab["db"].connect() as conn:
+        assert conn.execute("SELECT xp FROM users").fetchone() == (10,)
+        assert conn.execute("SELECT judge_attempts FROM submissions WHERE id = %s", (sid,)).fetchone() == (1,)
+
+
+def test_arbiter_down_while_judging_result_lands_after_return_judged_once(lab):
+    # A slow but correct program: about 4 s of wall time, well inside its limits.
+    slow = "import time\ntime.sleep(1.3)\na, b = map(int, input().split())\nprint(a + b)\n"
+    a = lab["arbiters"].start(lab["db"].dsn, lease_secs=3.0, grace_secs=6.0)
+    sid = lab["submit"]("python3", source=slow)
+    w = start_worker(lab, a)
+    wait_for(lambda: lab["status"](sid) == "judging", 30, what="leased")
+    time.sleep(0.5)
+    a.kill9()
+    outage = 10  # stands in for the seed's 2 minutes: longer than the lease, several backoff rounds
+    time.sleep(outage)
+    assert lab["status"](sid) == "judging"
+    assert len(w.outbox_files()) == 1, "the result waits in the outbox while the arbiter is away"
+    a.start()
+    wait_for(lambda: lab["status"](sid) == "AC", 40, what="result delivered after the arbiter returned")
+    assert lab["history"](sid) == [("AC", 1)]
+    with lab["db"].connect() as conn:
+        assert conn.execute("SELECT judge_attempts, lease_gen FROM submissions WHERE id = %s",
+                            (sid,)).fetchone() == (1, 1)
+        assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (1,)
+
+
+def test_heartbeat_410_abandons_the_judging(lab):
+    slow = "import time\ntime.sleep(2.5)\nprint(3)\n"
+    a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0)
+    sid = lab["submit"]("python3", source=slow)
+    w = start_worker(lab, a, heartbeat_interval_secs=0.3)
+    wait_for(lambda: "judging" in w.log_text() and lab["status"](sid) == "judging", 30, what="judging")
+    with lab["db"].connect() as conn, conn.transaction():
+        # The lease runs out (as if the worker had been silent) and is handed back, in one transaction so
+        # that no heartbeat slips in between (a heartbeat on a still-current token extends it).
+        conn.execute("UPDATE submissions SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (sid,))
+        assert [r.submission_id for r in leases.reclaim_expired(conn, max_attempts=3)] == [sid]
+    wait_for(lambda: "lease lost" in w.log_text(), 20, what="heartbeat 410")
+    wait_for(lambda: "judging abandoned" in w.log_text(), 20, what="judging abandoned")
+    # The same worker may take the submission again, under a new generation; gen 1 never writes.
+    wait_for(lambda: lab["status"](sid) not in ("pending", "judging"), 60, what="re-judged")
+    assert [gen for _, gen in lab["history"](sid)] == [2]
+
+
+def test_sigterm_finishes_the_current_submission_then_exits(lab):
+    slow = "import time\ntime.sleep(1.5)\na, b = map(int, input().split())\nprint(a + b)\n"
+    a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0)
+    sid = lab["submit"]("python3", source=slow)
+    w = start_worker(lab, a)
+    wait_for(lambda: lab["status"](sid) == "judging", 30, what="leased")
+    time.sleep(0.3)
+    assert w.terminate(60) == 0
+    assert lab["status"](sid) == "AC"
+    assert "worker stopped" in w.log_text()
