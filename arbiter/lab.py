@@ -1,0 +1,230 @@
+"""judge-lab: the whole system on one machine, in one command.
+
+Embedded PostgreSQL (a throwaway cluster), the arbiter under gunicorn, workers
+home-1, home-2 and prod-1, sample problems with test data and a batch of real
+submissions with mixed verdicts. Shows live progress until everything is
+judged, then a summary table. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from . import credentials, devcluster, leases, migrations
+
+APLUSB = [("1 2\n", "3\n"), ("10 20\n", "30\n"), ("-5 5\n", "0\n")]
+REVERSE = [("abc\n", "cba\n"), ("racecar\n", "racecar\n")]
+
+SAMPLES = {  # (problem, language, expected verdict): source
+    ("aplusb", "python3", "AC"): "a, b = map(int, input().split())\nprint(a + b)\n",
+    ("aplusb", "c", "AC"): "#include <stdio.h>\nint main(void){long a,b;scanf(\"%ld %ld\",&a,&b);"
+                           "printf(\"%ld\\n\",a+b);return 0;}\n",
+    ("aplusb", "cpp", "AC"): "#include <iostream>\nint main(){long long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}\n",
+    ("aplusb", "python3", "WA"): "a, b = map(int, input().split())\nprint(a * b)\n",
+    ("aplusb", "c", "CE"): "int main(void){ return missing; }\n",
+    ("aplusb", "python3", "TLE"): "while True:\n    pass\n",
+    ("aplusb", "cpp", "RE"): "int main(){volatile int*p=nullptr;*p=1;}\n",
+    ("aplusb", "python3", "MLE"): "x = bytearray(1 << 30)\nprint(len(x))\n",
+    ("reverse", "python3", "AC"): "print(input()[::-1])\n",
+    ("reverse", "python3", "OLE"): "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
+    ("reverse", "cpp", "AC"): "#include <iostream>\n#include <string>\n#include <algorithm>\n"
+                              "int main(){std::string s;std::cin>>s;std::reverse(s.begin(),s.end());"
+                              "std::cout<<s<<'\\n';}\n",
+}
+
+
+def _write_testdata(root: Path, problem_id: int, cases) -> None:
+    d = root / str(problem_id)
+    d.mkdir(parents=True, exist_ok=True)
+    for i, (given, expected) in enumerate(cases, 1):
+        (d / f"{i}.in").write_text(given)
+        (d / f"{i}.out").write_text(expected)
+
+
+class Lab:
+    def __init__(self, base: Path, copies: int, chaos: bool):
+        self.base = base
+        self.copies = copies
+        self.chaos = chaos
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.cluster = None
+        self.kills = 0
+
+    def _spawn(self, name: str, argv: list[str], env: dict) -> None:
+        log = open(self.base / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def setup(self) -> dict[int, str]:
+        print(f"lab directory: {self.base}")
+        self.cluster = devcluster.LocalCluster(self.base / "pg").init().start()
+        with psycopg.connect(self.cluster.dsn(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE judge")
+        self.dsn = self.cluster.dsn("judge")
+        expected: dict[int, str] = {}
+        testdata = self.base / "testdata"
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            migrations.migrate(conn)
+            problems = {}
+            for slug, cases in (("aplusb", APLUSB), ("reverse", REVERSE)):
+                pid = conn.execute("INSERT INTO problems (slug, title, memory_limit_kb) VALUES (%s, %s, 131072) "
+                                   "RETURNING id", (slug, slug)).fetchone()[0]
+                problems[slug] = pid
+                _write_testdata(testdata, pid, cases)
+            self.creds = {}
+            for wid in ("home-1", "home-2", "prod-1"):
+                secret = credentials.new_secret()
+                conn.execute("INSERT INTO workers (worker_id, kind, secret_sha256) VALUES (%s, %s, %s)",
+                             (wid, "production" if wid.startswith("prod") else "home", credentials.hash_secret(secret)))
+                self.creds[wid] = credentials.format_credential(wid, secret)
+            users = [conn.execute("INSERT INTO users (name) VALUES (%s) RETURNING id", (f"user{i}",)).fetchone()[0]
+                     for i in range(5)]
+            rng = random.Random(7)
+            for copy in range(self.copies):
+                for (slug, lang, verdict), source in SAMPLES.items():
+                    sid = leases.submit(conn, rng.choice(users), problems[slug], lang, source)
+                    expected[sid] = verdict
+        port = devcluster.free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        conf = self.base / "arbiter.toml"
+        conf.write_text(f"dsn = {json.dumps(self.dsn)}\nbind = \"127.0.0.1:{port}\"\nlease_secs = 20.0\n"
+                        "unconfirmed_secs = 5.0\ngrace_secs = 20.0\n")
+        self.arbiter_env = {"JUDGE_ARBITER_CONFIG": str(conf)}
+        self._start_arbiter()
+        work = Path(tempfile.mkdtemp(prefix="judge-lab-work-", dir="/tmp"))
+        work.chmod(0o711)
+        self.work = work
+        for wid, cred in self.creds.items():
+            home = self.base / wid
+            home.mkdir()
+            (home / "credential").write_text(cred + "\n")
+            (home / "credential").chmod(0o600)
+            (home / "worker.toml").write_text(
+                f'worker_id = "{wid}"\nkind = "{"production" if wid.startswith("prod") else "home"}"\n'
+                f'transport = "arbiter"\narbiter_urls = ["{self.url}"]\ncredential_file = "{home / "credential"}"\n'
+                f'outbox_dir = "{home / "outbox"}"\ntestdata_dir = "{testdata}"\nwork_dir = "{work / wid}"\n'
+                'heartbeat_interval_secs = 5.0\nlong_poll_secs = 10.0\nbackoff_max_secs = 5.0\n')
+            self._start_worker(wid)
+        return expected
+
+    def _start_arbiter(self) -> None:
+        from pathlib import Path as _P
+
+        conf = _P(__file__).with_name("gunicorn.conf.py")
+        self._spawn("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(conf), "arbiter.wsgi:app"],
+                    self.arbiter_env)
+
+    def _start_worker(self, wid: str) -> None:
+        self._spawn(wid, [sys.executable, "-m", "worker.main", "--config", str(self.base / wid / "worker.toml")], {})
+
+    def supervise(self) -> None:
+        """Restart what died (the lab's stand-in for supervisor/systemd); with --chaos, kill things first."""
+        if self.chaos and random.random() < 0.08:
+            victim = random.choice(list(self.procs))
+            os.killpg(self.procs[victim].pid, signal.SIGKILL)
+            self.kills += 1
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is not None:
+                self._start_arbiter() if name == "arbiter" else self._start_worker(name)
+
+    def progress(self, conn) -> tuple[dict, dict]:
+        counts = dict(conn.execute("SELECT status, count(*) FROM submissions GROUP BY 1").fetchall())
+        per_worker = dict(conn.execute("SELECT worker_id, count(*) FROM submissions WHERE status = 'judging' "
+                                       "GROUP BY 1").fetchall())
+        return counts, per_worker
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.cluster is not None:
+            self.cluster.stop("fast")
+        shutil.rmtree(getattr(self, "work", "/nonexistent"), ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="judge-lab", description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", type=int, default=3, help="copies of the sample batch (11 submissions each)")
+    parser.add_argument("--chaos", action="store_true", help="kill -9 the arbiter and workers during the run")
+    parser.add_argument("--dir", help="lab directory (default: a new temporary one)")
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args(argv)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="judge-lab-"))
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o711)  # the postgres user and the sandbox uid must reach their subdirectories
+    lab = Lab(base, args.copies, args.chaos)
+    interrupted = False
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        expected = lab.setup()
+        started = time.monotonic()
+        print(f"{len(expected)} submissions queued; arbiter at {lab.url}/status")
+        with psycopg.connect(lab.dsn, autocommit=True) as conn:
+            while True:
+                counts, per_worker = lab.progress(conn)
+                queued = counts.get("pending", 0)
+                judging = counts.get("judging", 0)
+                done = sum(v for k, v in counts.items() if k not in ("pending", "judging"))
+                verdicts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()) if k not in ("pending", "judging"))
+                leases_text = " ".join(f"{w}:{n}" for w, n in sorted(per_worker.items())) or "-"
+                print(f"\r[{time.monotonic() - started:5.1f}s] queue {queued:3d}  judging {judging:2d} "
+                      f"(leases {leases_text})  done {done}/{len(expected)}  {verdicts}"
+                      + (f"  kills {lab.kills}" if args.chaos else "") + "   ", end="", flush=True)
+                if done == len(expected):
+                    break
+                if time.monotonic() - started > args.timeout:
+                    print("\nlab: timed out", file=sys.stderr)
+                    return 1
+                lab.supervise()
+                time.sleep(0.5)
+            print()
+            rows = conn.execute("SELECT s.id, p.slug, s.language, s.status, s.worker_id, s.judge_attempts, "
+                                "(SELECT count(*) FROM submission_judgings j WHERE j.submission_id = s.id) "
+                                "FROM submissions s JOIN problems p ON p.id = s.problem_id ORDER BY s.id").fetchall()
+        wrong = 0
+        print(f"\n{'id':>4} {'problem':<8} {'lang':<8} {'expected':<9} {'verdict':<13} {'worker':<7} judged")
+        for sid, slug, lang, status, worker, attempts, judged in rows:
+            mark = "" if status == expected[sid] else "  <-- unexpected"
+            wrong += bool(mark)
+            print(f"{sid:>4} {slug:<8} {lang:<8} {expected[sid]:<9} {status:<13} {worker or '-':<7} {judged}x{mark}")
+        twice = sum(1 for r in rows if r[6] != 1)
+        print(f"\n{len(rows)} submissions, {len(rows) - wrong} with the expected verdict, {twice} judged more than "
+              f"once, 0 lost" + (f", {lab.kills} processes killed along the way" if args.chaos else "")
+              + f" ({time.monotonic() - started:.1f}s)")
+        return 0 if wrong == 0 and twice == 0 else 1
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\nlab: stopping")
+        return 130
+    finally:
+        lab.stop()
+        if not interrupted and not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
