@@ -98,7 +98,7 @@ def test_arbiter_down_while_judging_result_lands_after_return_judged_once(lab):
 
 
 def test_heartbeat_410_abandons_the_judging(lab):
-    slow = "import time\ntime.sleep(2.5)\nprint(3)\n"
+    slow = "import time\ntime.sleep(2.5)\nprint(3)\n"  # 3 tests of 2.5 s each: the kill comes mid-test
     a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0)
     sid = lab["submit"]("python3", source=slow)
     w = start_worker(lab, a, heartbeat_interval_secs=0.3)
@@ -109,7 +109,9 @@ def test_heartbeat_410_abandons_the_judging(lab):
         conn.execute("UPDATE submissions SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (sid,))
         assert [r.submission_id for r in leases.reclaim_expired(conn, max_attempts=3)] == [sid]
     wait_for(lambda: "lease lost" in w.log_text(), 20, what="heartbeat 410")
+    lost_at = time.monotonic()
     wait_for(lambda: "judging abandoned" in w.log_text(), 20, what="judging abandoned")
+    assert time.monotonic() - lost_at < 2.0, "the running test was not killed on the 410"
     # The same worker may take the submission again, under a new generation; gen 1 never writes.
     wait_for(lambda: lab["status"](sid) not in ("pending", "judging"), 60, what="re-judged")
     assert [gen for _, gen in lab["history"](sid)] == [2]

@@ -139,7 +139,9 @@ class Judge:
             out_path, err_path = run_dir / f"{index}.out", run_dir / f"{index}.err"
             with open(inp, "rb") as stdin, open(err_path, "wb") as stderr:
                 result = self.sandbox.run(spec["run"], box=box, stdin=stdin, stdout=out_path, stderr=stderr,
-                                          limits=limits)
+                                          limits=limits, cancelled=cancelled)
+            if cancelled.is_set():
+                raise JudgeCancelled()  # a 410 on a heartbeat killed the running test
             verdict = self._classify(result, limits, expected, out_path)
             worst_time = max(worst_time, result.cpu_ms)
             worst_memory = max(worst_memory, result.memory_kb)

@@ -100,7 +100,7 @@ class Sandbox:
         return args
 
     def run(self, argv: list[str], *, box: Path, stdin, stdout, stderr, limits: Limits,
-            writable_box: bool = False) -> RunResult:
+            writable_box: bool = False, cancelled: threading.Event | None = None) -> RunResult:
         """Run argv in the sandbox. ``stdout`` may be a Path: the output is then pumped through a pipe
         by this process (so its page cache is not charged to the run's memory) and cut at the limit."""
         cpu_s = max(1, -(-limits.cpu_ms // 1000))
@@ -137,8 +137,9 @@ class Sandbox:
                 if pid:
                     break
                 overflow = pump is not None and pump.exceeded.is_set()
-                if time.monotonic() > deadline or overflow:
-                    wall_timeout = not overflow
+                stop = cancelled is not None and cancelled.is_set()
+                if time.monotonic() > deadline or overflow or stop:
+                    wall_timeout = not (overflow or stop)
                     try:
                         os.killpg(proc.pid, signal.SIGKILL)
                     except ProcessLookupError:
