@@ -1,0 +1,42 @@
+"""Scenario 3: a worker drops mid-judging (kill -9): its lease expires and is reclaimed; nobody else waits."""
+
+import time
+
+from arbiter import leases
+from fixtures_data import seed_problem, seed_user
+from procs import add_worker, wait_for, write_testdata
+from programs import APLUSB_TESTS, PROGRAMS
+
+FAST = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 2.0}
+
+
+def test_killed_worker_costs_one_lease_period_and_blocks_no_one(db, arbiters, workers, tmp_path):
+    with db.connect() as conn:
+        problem = seed_problem(conn)
+        user = seed_user(conn)
+        creds = {w: add_worker(conn, w) for w in ("home-1", "home-2")}
+        slow = leases.submit(conn, user, problem, "python3",
+                             "import time\ntime.sleep(3)\na, b = map(int, input().split())\nprint(a + b)\n")
+    testdata = tmp_path / "testdata"
+    write_testdata(testdata, problem, APLUSB_TESTS)
+    a = arbiters.start(db.dsn, lease_secs=3.0)
+    w1 = workers("home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=creds["home-1"], **FAST)
+    w1.start()
+    with db.connect() as conn:
+        wait_for(lambda: conn.execute("SELECT worker_id FROM submissions WHERE id = %s AND status = 'judging'",
+                                      (slow,)).fetchone(), 30, what="home-1 judging")
+        w1.kill9()
+        killed = time.monotonic()
+        w2 = workers("home-2", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=creds["home-2"], **FAST)
+        w2.start()
+        # Others are not blocked meanwhile: new work is judged while the dead lease is still held.
+        quick = leases.submit(conn, user, problem, "c", PROGRAMS["c"]["AC"])
+        wait_for(lambda: conn.execute("SELECT status FROM submissions WHERE id = %s", (quick,)).fetchone()[0]
+                 == "AC", 30, what="other work flows")
+        assert conn.execute("SELECT worker_id FROM submissions WHERE id = %s", (slow,)).fetchone() == ("home-1",)
+        wait_for(lambda: conn.execute("SELECT status FROM submissions WHERE id = %s", (slow,)).fetchone()[0]
+                 == "AC", 60, what="the dropped submission judged by home-2")
+        assert time.monotonic() - killed >= 3.0  # it waited for the lease to run out, as designed
+        rows = conn.execute("SELECT worker_id, lease_gen FROM submission_judgings WHERE submission_id = %s",
+                            (slow,)).fetchall()
+        assert rows == [("home-2", 2)]

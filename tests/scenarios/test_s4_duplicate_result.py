@@ -1,0 +1,35 @@
+"""Scenario 4: a result is recorded, the reply is lost, the worker sends it again."""
+
+from dropproxy import DropReplyProxy
+from fixtures_data import seed_problem, seed_submissions
+from procs import add_worker
+from worker.http_client import ArbiterClient, Unreachable
+
+
+def test_result_reply_dropped_then_resent_is_recorded_once(db, arbiters):
+    with db.connect() as conn:
+        seed_problem(conn, xp_reward=10)
+        (sid,) = seed_submissions(conn, 1)
+        cred = add_worker(conn, "home-1")
+    a = arbiters.start(db.dsn)
+    proxy = DropReplyProxy(a.port)
+    c = ArbiterClient([proxy.url], cred)
+    lease = c.acquire("r", None, 3).body
+    assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    payload = {"lease_token": lease["lease_token"], "verdict": "AC", "time_ms": 3}
+    proxy.drop_next(b"/result")
+    try:
+        first = c.result(sid, payload)  # the client retries a dropped kept-alive reply once by itself
+    except Unreachable:
+        first = None
+    assert proxy.dropped == 1
+    again = c.result(sid, payload)
+    assert again.status == 200 and again.body == {"submission_id": sid, "verdict": "AC", "status": "received"}
+    if first is not None:
+        assert first.body == again.body
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM first_passes").fetchone() == (1,)
+        assert conn.execute("SELECT xp FROM users").fetchone() == (10,)
+        assert conn.execute("SELECT status FROM submissions").fetchone() == ("AC",)
+    proxy.close()
