@@ -49,12 +49,17 @@ class ArbiterSettings:
 _ENV_OVERRIDES = {"JUDGE_DSN": "dsn", "JUDGE_ARBITER_BIND": "bind"}
 
 
+def is_toml_type(value, expected: type) -> bool:
+    """TOML value check shared by the arbiter's and the worker's config: no bools for numbers, ints do for floats."""
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, expected) or (expected is float and isinstance(value, int))
+
+
 def _coerce(name: str, expected: type, value):
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, expected) or isinstance(value, bool):
+    if not is_toml_type(value, expected):
         raise ConfigError(f"config key {name!r} must be {expected.__name__}, got {type(value).__name__}")
-    return value
+    return float(value) if expected is float else value
 
 
 def load_settings(path: str | os.PathLike | None = None, **overrides) -> ArbiterSettings:

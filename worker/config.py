@@ -7,6 +7,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arbiter.config import is_toml_type
+
 WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 LANGUAGES = ("c", "cpp", "python3")
 
@@ -58,10 +60,7 @@ def _check_types(section: str, raw: dict, schema: dict) -> None:
         raise ConfigError(f"unknown key(s) in {section}: {', '.join(unknown)}")
     for key, value in raw.items():
         expected = schema[key]
-        ok = isinstance(value, expected) and not isinstance(value, bool)
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
+        if not is_toml_type(value, expected):
             raise ConfigError(f"{section}.{key} must be {expected.__name__}, got {type(value).__name__}")
 
 
