@@ -64,7 +64,7 @@ class WorkerAuth:
         if identity is None:
             with self.runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 row = cur.execute(leases.Q.find_worker_credential, {"worker_id": worker_id}).fetchone()
-                if row is not None and not row["revoked"] and credentials.secret_matches(secret, row["secret_sha256"]):
+                if row is not None and not row["revoked"] and credentials.digest_matches(digest, row["secret_sha256"]):
                     conn.execute(leases.Q.touch_worker, {"worker_id": worker_id})
                     identity = WorkerIdentity(worker_id, row["kind"], tuple(row["languages"]))
             if identity is None:

@@ -33,5 +33,6 @@ def parse_credential(credential: str) -> tuple[str, str] | None:
     return worker_id, secret
 
 
-def secret_matches(secret: str, stored_sha256: str) -> bool:
-    return hmac.compare_digest(hash_secret(secret), stored_sha256)
+def digest_matches(digest: str, stored_sha256: str) -> bool:
+    """Constant-time comparison of hash_secret(secret) with the stored hash."""
+    return hmac.compare_digest(digest, stored_sha256)
