@@ -120,9 +120,7 @@ class Lab:
         return expected
 
     def _start_arbiter(self) -> None:
-        from pathlib import Path as _P
-
-        conf = _P(__file__).with_name("gunicorn.conf.py")
+        conf = Path(__file__).with_name("gunicorn.conf.py")
         self._spawn("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(conf), "arbiter.wsgi:app"],
                     self.arbiter_env)
 

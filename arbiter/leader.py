@@ -71,14 +71,10 @@ class LeaderLock:
     def _step(self) -> None:
         if self._conn is None:
             self._conn = db.connect(self.settings)
-        if self.is_leader:
-            self._conn.execute("SELECT 1")
-            self.health.mark_up()
-            return
         self._conn.execute("SELECT 1")
         self.health.mark_up()
         now = time.monotonic()
-        if now < self._next_try:
+        if self.is_leader or now < self._next_try:
             return
         self._next_try = now + self.settings.leader_retry_secs
         got = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self.settings.leader_lock_key,)).fetchone()[0]

@@ -22,7 +22,6 @@ class Runtime:
         self.dispatcher = Dispatcher(settings, self.health, is_leader=lambda: self.leader.is_leader)
         self.janitor = Janitor(settings, self.health, is_leader=lambda: self.leader.is_leader)
         self.monitor = StuckMonitor(settings, self)
-        self.on_round = None
 
     def _on_gain(self) -> None:
         self.janitor.owe_grace()
