@@ -33,6 +33,9 @@ class ArbiterSettings:
     # loops
     dispatch_tick_secs: float = 1.0
     janitor_interval_secs: float = 1.0
+    # A janitor that has not swept for this long (DB time) was absent itself: paused, starved or
+    # stopped. Its absence is not the workers' fault, so a grace period comes before any reclaim.
+    absence_grace_after_secs: float = 5.0
     leader_retry_secs: float = 3.0
     leader_lock_key: int = 0x4A554447  # "JUDG"
     ready_max_round_age_secs: float = 5.0
@@ -92,7 +95,7 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     if not settings.dsn:
         raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
-                "janitor_interval_secs", "leader_retry_secs", "ready_max_round_age_secs", "stuck_alert_secs",
+                "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs", "stuck_alert_secs",
                 "db_timeout_secs", "max_attempts", "max_parked", "reserved_threads", "max_body_bytes"]
     for key in positive:
         if getattr(settings, key) <= 0:

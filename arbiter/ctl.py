@@ -1,4 +1,4 @@
-"""judgectl: the operator's command line (migrations, submissions, rejudge, status, workers).
+"""judgectl: the operator's command line (migrations, submissions, rejudge, status, leases, workers).
 
 Errors are one clear line on stderr and a non-zero exit status.
 """
@@ -111,6 +111,26 @@ def cmd_status(args, conn) -> int:
     return 0
 
 
+def cmd_leases_drain(args, conn) -> int:
+    """The janitor's reclaim, run by hand: for a rollback after the arbiters are gone (or broken).
+
+    Lease expiry is still decided by the database's clock; a worker that reports in time keeps its lease.
+    """
+    import time
+
+    deadline = time.monotonic() + args.wait
+    while True:
+        for item in leases.reclaim_expired(conn, max_attempts=args.max_attempts):
+            print(f"#{item.submission_id} from {item.worker_id or '-'} -> {item.new_status}")
+        live = conn.execute(OPS.count_live_arbiter_leases).fetchone()[0]
+        if live == 0:
+            print("no arbiter leases left")
+            return 0
+        if time.monotonic() >= deadline:
+            raise CtlError(f"{live} arbiter lease(s) still live after {args.wait:.0f}s; run again or wait longer")
+        time.sleep(1.0)
+
+
 def cmd_worker_add(args, conn) -> int:
     if not credentials.WORKER_ID.match(args.worker_id):
         raise CtlError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
@@ -176,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="queue, leases in flight, workers")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("leases", help="arbiter leases")
+    lsub = p.add_subparsers(dest="leases_command", required=True)
+    ld = lsub.add_parser("drain", help="reclaim expired arbiter leases (DB time) until none is live; "
+                                      "for a rollback once no arbiter runs")
+    ld.add_argument("--wait", type=float, default=120.0, help="give up after this many seconds (default 120)")
+    ld.add_argument("--max-attempts", type=int, default=3, help="attempts before system_error (default 3)")
+    ld.set_defaults(func=cmd_leases_drain)
 
     p = sub.add_parser("worker", help="manage arbiter workers and their credentials")
     wsub = p.add_subparsers(dest="worker_command", required=True)

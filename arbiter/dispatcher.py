@@ -23,6 +23,7 @@ from . import db, faults, leases
 from .metrics import METRICS
 
 log = logging.getLogger("arbiter.dispatcher")
+LEGACY_RECHECK_SECS = 5.0
 
 
 class Overloaded(Exception):
@@ -63,7 +64,7 @@ class Dispatcher:
         self.legacy_compat = False
         self.last_round_completed: float | None = None
         self.rounds = 0
-        self._legacy_checked = False
+        self._legacy_checked_at: float | None = None  # monotonic; the schema is looked at again now and then
 
     # -- called from request threads -----------------------------------------
     def park(self, ticket: Ticket) -> None:
@@ -134,7 +135,7 @@ class Dispatcher:
         self._listen = self._work = None
 
     def on_leadership_gained(self) -> None:
-        self._legacy_checked = False
+        self._legacy_checked_at = None
         self.wake()
 
     # -- the loop ----------------------------------------------------------------
@@ -183,6 +184,11 @@ class Dispatcher:
                 self._close()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except psycopg.errors.UndefinedTable:
+                # The legacy tables went away under us (stage 4 applied): look at the schema again now.
+                log.info("legacy dispatch tables gone; re-reading the schema")
+                self._legacy_checked_at = None
+                self._close()
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("dispatch round failed")
                 self._close()
@@ -205,10 +211,14 @@ class Dispatcher:
         """One dispatch round. Marks the round complete only after the real path ran."""
         conn = self._work
         if self.is_leader():
-            if not self._legacy_checked:
-                self.legacy_compat = leases.legacy_tables_present(conn)
-                self._legacy_checked = True
-                log.info("dispatch mode", extra={"legacy_compat": self.legacy_compat})
+            now = time.monotonic()
+            if self._legacy_checked_at is None or now - self._legacy_checked_at > LEGACY_RECHECK_SECS:
+                # Stage 4 and its rollback happen while arbiters run: follow the schema, not a start-up snapshot.
+                present = leases.legacy_tables_present(conn)
+                if self._legacy_checked_at is None or present != self.legacy_compat:
+                    log.info("dispatch mode", extra={"legacy_compat": present})
+                self.legacy_compat = present
+                self._legacy_checked_at = now
             tickets = self.parked_snapshot()
             claimable = leases.claimable_languages(conn) if tickets else set()
             if tickets and self.legacy_compat:

@@ -1,7 +1,8 @@
 """The janitor: hands expired leases back (DB time), after a grace period whenever one is owed.
 
-A grace period is owed at start-up, on gaining leadership and after the
-database was unreachable: the arbiter's absence is not the workers' fault,
+A grace period is owed at start-up, on gaining leadership, after the
+database was unreachable and after the janitor itself was absent (the process
+paused or starved for longer than ``absence_grace_after_secs`` of DB time): the arbiter's absence is not the workers' fault,
 so no lease is reclaimed before every live lease has had a full period to
 report in again.
 """
@@ -28,6 +29,7 @@ class Janitor:
         self._thread = threading.Thread(target=self._run, name="janitor", daemon=True)
         self._conn = None
         self._health_generation = None
+        self._last_sweep_db_time = None
 
     def owe_grace(self) -> None:
         self._grace_owed.set()
@@ -64,6 +66,13 @@ class Janitor:
             # The database came back (or we just started): a grace period before any reclaim.
             self._health_generation = self.health.generation
             self._grace_owed.set()
+        now = leases.database_now(self._conn)
+        if self._last_sweep_db_time is not None:
+            absent_secs = (now - self._last_sweep_db_time).total_seconds()
+            if absent_secs > self.settings.absence_grace_after_secs:
+                log.warning("janitor was absent; owing a grace period", extra={"absent_secs": round(absent_secs, 2)})
+                self._grace_owed.set()
+        self._last_sweep_db_time = now
         if self._grace_owed.is_set():
             extended = leases.grant_grace_period(self._conn, grace_secs=self.settings.grace_secs)
             self._grace_owed.clear()

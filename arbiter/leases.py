@@ -258,6 +258,10 @@ def grant_grace_period(conn: psycopg.Connection, *, grace_secs: float) -> int:
         return cur.rowcount
 
 
+def database_now(conn: psycopg.Connection) -> datetime:
+    return conn.execute(Q.database_now).fetchone()[0]
+
+
 def rejudge(conn: psycopg.Connection, submission_ids: list[int]) -> list[tuple[int, int]]:
     """terminal -> pending with a new generation; returns (id, new lease_gen) of those that moved."""
     with conn.transaction():

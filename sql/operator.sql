@@ -41,3 +41,7 @@ SELECT w.worker_id, w.kind, w.languages, w.revoked_at IS NOT NULL AS revoked,
        (SELECT count(*) FROM submissions s WHERE s.status = 'judging' AND s.worker_id = w.worker_id) AS leases
 FROM workers w
 ORDER BY w.kind, w.worker_id;
+
+-- name: count_live_arbiter_leases
+-- Leases only an arbiter's janitor would hand back: what a rollback must drain before the arbiter goes.
+SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT NULL;

@@ -145,6 +145,10 @@ WITH expired AS (
 )
 SELECT id, status, old_worker_id FROM reclaimed;
 
+-- name: database_now
+-- The only clock lease decisions use; the janitor compares two of its readings to notice its own absence.
+SELECT now();
+
 -- name: grant_grace_period
 -- arrow: judging -> judging (extend every live lease; the arbiter's absence is not the workers' fault).
 UPDATE submissions

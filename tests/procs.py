@@ -24,6 +24,7 @@ FAST = {  # short lease times so fault tests run in seconds, not minutes
     "grace_secs": 4.0,
     "long_poll_max_secs": 5.0,
     "janitor_interval_secs": 0.3,
+    "absence_grace_after_secs": 1.5,
     "leader_retry_secs": 1.0,
     "dispatch_tick_secs": 0.5,
     "ready_max_round_age_secs": 3.0,

@@ -42,6 +42,9 @@ class WorkerConfig:
     long_poll_secs: float = 25.0
     backoff_initial_secs: float = 1.0
     backoff_max_secs: float = 30.0
+    # A request that hangs this long (a paused or overloaded arbiter) fails over to the next arbiter URL.
+    # Keep it well below the lease period so a hung arbiter cannot cost a worker its lease.
+    request_timeout_secs: float = 10.0
     legacy_poll_secs: float = 1.0
     legacy_idle_fresh_secs: float = 5.0
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -50,7 +53,8 @@ class WorkerConfig:
 _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "testdata_dir": str, "work_dir": str,
         "languages": list, "arbiter_urls": list, "credential_file": str, "dsn": str, "dsn_file": str,
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
-        "backoff_max_secs": float, "legacy_poll_secs": float, "legacy_idle_fresh_secs": float, "sandbox": dict}
+        "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
+        "legacy_idle_fresh_secs": float, "sandbox": dict}
 _SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "max_processes": int, "wall_factor": float}
 
 
@@ -101,7 +105,8 @@ def load(path: str | Path) -> WorkerConfig:
     if not languages or not set(languages) <= set(LANGUAGES):
         raise ConfigError(f"languages must be a non-empty subset of {list(LANGUAGES)}")
     values = {k: raw[k] for k in ("heartbeat_interval_secs", "long_poll_secs", "backoff_initial_secs",
-                                  "backoff_max_secs", "legacy_poll_secs", "legacy_idle_fresh_secs") if k in raw}
+                                  "backoff_max_secs", "request_timeout_secs", "legacy_poll_secs",
+                                  "legacy_idle_fresh_secs") if k in raw}
     for key, value in values.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0")

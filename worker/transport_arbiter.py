@@ -73,7 +73,8 @@ class ArbiterTransport:
 
     def __init__(self, config):
         self.config = config
-        self.client = ArbiterClient(list(config.arbiter_urls), config.credential, timeout=15)
+        self.client = ArbiterClient(list(config.arbiter_urls), config.credential,
+                                    timeout=config.request_timeout_secs)
         self.backoff = Backoff(config.backoff_initial_secs, config.backoff_max_secs)
         self._request_id: str | None = None
 

@@ -1,6 +1,6 @@
 """Scenario 4: a result is recorded, the reply is lost, the worker sends it again."""
 
-from dropproxy import DropReplyProxy
+from faultproxy import FaultProxy
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker
 from worker.http_client import ArbiterClient, Unreachable
@@ -12,12 +12,12 @@ def test_result_reply_dropped_then_resent_is_recorded_once(db, arbiters):
         (sid,) = seed_submissions(conn, 1)
         cred = add_worker(conn, "home-1")
     a = arbiters.start(db.dsn)
-    proxy = DropReplyProxy(a.port)
+    proxy = FaultProxy(a.port)
     c = ArbiterClient([proxy.url], cred)
     lease = c.acquire("r", None, 3).body
     assert c.heartbeat(sid, lease["lease_token"]).status == 200
     payload = {"lease_token": lease["lease_token"], "verdict": "AC", "time_ms": 3}
-    proxy.drop_next(b"/result")
+    proxy.drop_next("/result")
     try:
         first = c.result(sid, payload)  # the client retries a dropped kept-alive reply once by itself
     except Unreachable:

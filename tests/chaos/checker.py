@@ -1,0 +1,171 @@
+"""The chaos run's checker: reads the database and the recorded history, reports every violation.
+
+Inputs are facts, never the system's own opinion of itself:
+- the client's record of what it submitted and which verdict each program must get;
+- the database at the end (submissions, append-only judging history, lease grants, passes, XP);
+- lease_gen samples taken during the run;
+- the proxies' history of every exchange (who asked what, when, and what came back);
+- the nemesis log: which fault hit which part, from when to when.
+
+The properties (DESIGN.md sections 1, 3, 5, 6 and the issue's list):
+  lost / not terminal, wrong verdict, verdict by a token that was not current, a generation decided
+  twice, two live leases at once, lease_gen going backwards, AC/XP credited twice, a reclaim (and so
+  any system_error) for which no fault on the holder's side accounts (arbiter downtime alone).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+# Faults on a worker's own path: the worker process, or its network to the arbiters.
+WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request"}
+# Slack for comparing this host's wall clock (history) with the database's now(): same machine, same clock.
+CLOCK_SLACK_SECS = 0.05
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str  # worker id, arbiter name or "db"
+    started_at: float
+    ended_at: float
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    violations: list[str] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+    def add(self, kind: str, message: str) -> None:
+        self.violations.append(f"{kind}: {message}")
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], history, faults: list[Fault],
+          xp_reward: int) -> Report:
+    report = Report()
+    rows = {sid: (status, gen) for sid, status, gen in
+            conn.execute("SELECT id, status, lease_gen FROM submissions").fetchall()}
+    grants = defaultdict(list)  # submission -> [(gen, worker, granted_at, token)]
+    token_gen = {}
+    for sid, gen, worker, granted_at, token in conn.execute(
+            "SELECT submission_id, lease_gen, worker_id, extract(epoch FROM granted_at)::float8, lease_token::text "
+            "FROM lease_grants ORDER BY submission_id, lease_gen").fetchall():
+        grants[sid].append((gen, worker, granted_at, token))
+        token_gen[token] = (sid, gen)
+    judgings = defaultdict(list)  # submission -> [(seq, verdict, gen, token, decided_by, at)]
+    for sid, seq, verdict, gen, token, decided_by, at in conn.execute(
+            "SELECT submission_id, seq, verdict, lease_gen, lease_token::text, decided_by, "
+            "extract(epoch FROM created_at)::float8 FROM submission_judgings ORDER BY submission_id, seq").fetchall():
+        judgings[sid].append((seq, verdict, gen, token, decided_by, at))
+
+    # Lost, not terminal, wrong verdict.
+    for sid, expected in submitted.items():
+        if sid not in rows:
+            report.add("lost", f"submission {sid} is not in the database")
+            continue
+        status = rows[sid][0]
+        if status in ("pending", "judging"):
+            report.add("not terminal", f"submission {sid} is still {status}")
+        elif status != expected and status != "system_error":
+            report.add("wrong verdict", f"submission {sid} is {status}, its program must get {expected}")
+
+    # Verdicts: each by the lease current when it was written, each generation decided once.
+    for sid, entries in judgings.items():
+        seen_gens = set()
+        last_gen = 0
+        for seq, verdict, gen, token, decided_by, at in entries:
+            if gen < last_gen:
+                report.add("lease_gen backwards", f"submission {sid} history seq {seq} has gen {gen} after {last_gen}")
+            last_gen = max(last_gen, gen)
+            if decided_by != "worker":
+                continue
+            if gen in seen_gens:
+                report.add("decided twice", f"submission {sid} generation {gen} has two worker verdicts")
+            seen_gens.add(gen)
+            if token_gen.get(token) != (sid, gen):
+                report.add("stale token", f"submission {sid} verdict {verdict} names a token no grant of gen {gen} issued")
+                continue
+            newer = [g for g in grants[sid] if g[0] > gen and g[2] <= at + CLOCK_SLACK_SECS]
+            if newer:
+                report.add("stale token", f"submission {sid} verdict by gen {gen} written after gen {newer[0][0]} was granted")
+
+    # Grants: generations strictly increase with time; the sampled lease_gen never went backwards.
+    for sid, entries in grants.items():
+        for (g1, _, t1, _), (g2, _, t2, _) in zip(entries, entries[1:]):
+            if not (g2 > g1 and t2 + CLOCK_SLACK_SECS >= t1):
+                report.add("lease_gen backwards", f"submission {sid} grant gen {g2} at {t2} after gen {g1} at {t1}")
+    highest: dict[int, int] = {}
+    for sid, gen in gen_samples:
+        if gen < highest.get(sid, 0):
+            report.add("lease_gen backwards", f"submission {sid} observed gen {gen} after {highest[sid]}")
+        highest[sid] = max(highest.get(sid, 0), gen)
+
+    # Two live leases at once: an old token was honoured (heartbeat or result 200) after a newer
+    # generation of the same submission had been granted. The request started before the server acted,
+    # so a grant older than the request's start is proof.
+    honoured = 0
+    for exchange in history:
+        if exchange.status != 200 or not exchange.body or "lease_token" not in exchange.body:
+            continue
+        owner = token_gen.get(exchange.body["lease_token"])
+        if owner is None:
+            report.add("unknown token honoured", f"{exchange.path} by {exchange.worker_id}")
+            continue
+        honoured += 1
+        sid, gen = owner
+        for newer_gen, worker, granted_at, _ in grants[sid]:
+            if newer_gen > gen and granted_at + CLOCK_SLACK_SECS < exchange.sent_at:
+                report.add("two live leases", f"submission {sid}: gen {gen} honoured on {exchange.path} after gen "
+                                              f"{newer_gen} went to {worker}")
+
+    # AC and XP exactly once per (user, problem).
+    passes = conn.execute("SELECT user_id, problem_id, count(*) FROM first_passes GROUP BY 1, 2").fetchall()
+    for user, problem, count in passes:
+        if count != 1:
+            report.add("AC credited twice", f"user {user} problem {problem} has {count} first passes")
+    ever_ac = {r[0] for r in conn.execute(
+        "SELECT DISTINCT s.user_id FROM submission_judgings j JOIN submissions s ON s.id = j.submission_id "
+        "WHERE j.verdict = 'AC'").fetchall()}
+    for user, xp in conn.execute("SELECT id, xp FROM users").fetchall():
+        expected_xp = xp_reward if user in ever_ac else 0
+        if xp != expected_xp:
+            report.add("XP wrong", f"user {user} has {xp} XP, expected {expected_xp}")
+
+    # Reclaims: a generation superseded (or ended in system_error) without a verdict of its own lost
+    # its lease. Only a fault on the holder's side may account for that; arbiter or DB downtime may not.
+    reclaims = unaccounted = 0
+    worker_faults = defaultdict(list)
+    for fault in faults:
+        if fault.kind in WORKER_SIDE:
+            worker_faults[fault.target].append(fault)
+    for sid, entries in grants.items():
+        decided_gens = {e[2] for e in judgings[sid] if e[4] == "worker"}
+        status, current_gen = rows.get(sid, (None, None))
+        for index, (gen, worker, granted_at, _) in enumerate(entries):
+            superseded_at = entries[index + 1][2] if index + 1 < len(entries) else None
+            lost = gen not in decided_gens and (superseded_at is not None or
+                                                (status == "system_error" and gen == current_gen))
+            if not lost:
+                continue
+            reclaims += 1
+            until = superseded_at if superseded_at is not None else float("inf")
+            if not any(f.started_at <= until and f.ended_at >= granted_at - CLOCK_SLACK_SECS
+                       for f in worker_faults[worker]):
+                unaccounted += 1
+                kind = "system_error from arbiter downtime" if superseded_at is None else "unaccounted reclaim"
+                report.add(kind, f"submission {sid} gen {gen} held by {worker} from {granted_at:.3f} was reclaimed "
+                                 f"with no fault on {worker}'s side")
+
+    counts: dict[str, int] = defaultdict(int)
+    for status, _ in rows.values():
+        counts[status] += 1
+    report.figures.update(submissions=len(submitted), statuses=dict(sorted(counts.items())),
+                          grants=sum(len(v) for v in grants.values()), reclaims=reclaims,
+                          honoured_token_requests=honoured, exchanges=len(history), gen_samples=len(gen_samples))
+    return report

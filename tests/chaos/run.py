@@ -1,0 +1,372 @@
+"""A seeded, bounded chaos run: real arbiters, real workers, a real PostgreSQL, and a nemesis.
+
+Two nemesis threads share one seed. The process nemesis kills (-9) and pauses (SIGSTOP) workers and
+arbiters, restarts the database and brings a second arbiter up and down; the network nemesis drops
+replies and delays requests in per-worker HTTP proxies. Meanwhile a client submits programs whose
+verdict it knows and rejudges some finished ones, and a sampler records lease_gen. At the end every
+fault is healed, the run waits until nothing is pending or judging, and ``checker.check`` reports.
+
+    python tests/chaos/run.py --seed 7 --faults 1000     # the long run (see docs/reliability.md)
+
+The schedule (which fault, on whom, for how long) is a function of the seed; the interleaving with
+the processes is not, so a failing seed is a strong hint, not an exact replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import psycopg  # noqa: E402
+
+from arbiter import devcluster, leases, migrations  # noqa: E402
+from checker import Fault, check  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
+from programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
+
+LEASE_SECS = 4.0
+ARBITER = {"lease_secs": LEASE_SECS, "unconfirmed_secs": 2.0, "grace_secs": 4.0, "long_poll_max_secs": 3.0,
+           "db_timeout_secs": 2.0}
+WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
+          "backoff_max_secs": 1.5, "request_timeout_secs": 1.5}
+WORKER_IDS = {"home-1": "home", "home-2": "home", "home-3": "home", "prod-1": "production"}
+# (language, verdict) mix. "slow" programs take about a second on three tests (sleeping, well inside the
+# wall limit), so most faults find a worker in the middle of judging.
+SLOW_AC = "import time\ntime.sleep(0.3)\na, b = map(int, input().split())\nprint(a + b)\n"
+MIX = [("python3", "slow"), ("python3", "slow"), ("python3", "slow"), ("python3", "AC"), ("python3", "WA"),
+       ("python3", "RE"), ("c", "AC"), ("c", "WA")]
+EXPECTED = {"slow": "AC"}
+BACKLOG = 6  # the client keeps about this many submissions waiting or in judging
+XP_REWARD = 10
+USERS = 6
+
+
+class Lab:
+    def __init__(self, root: Path):
+        self.root = root
+        self.cluster = devcluster.LocalCluster(fast=False).init().start()
+        with psycopg.connect(self.cluster.dsn(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE judge")
+        self.dsn = self.cluster.dsn("judge")
+        with self.connect() as conn:
+            migrations.migrate(conn)
+            self.problem = conn.execute("INSERT INTO problems (slug, title, xp_reward) VALUES ('aplusb', 'A+B', %s) "
+                                        "RETURNING id", (XP_REWARD,)).fetchone()[0]
+            self.users = [conn.execute("INSERT INTO users (name) VALUES (%s) RETURNING id", (f"u{i}",)).fetchone()[0]
+                          for i in range(USERS)]
+            creds = {w: add_worker(conn, w, kind) for w, kind in WORKER_IDS.items()}
+        testdata = root / "testdata"
+        write_testdata(testdata, self.problem, APLUSB_TESTS)
+        self.arbiters = {name: ArbiterProcess(self.dsn, root, name=name, **ARBITER) for name in ("a1", "a2")}
+        self.proxies = {(w, a): FaultProxy(arb.port, f"{w}->{a}") for w in WORKER_IDS
+                        for a, arb in self.arbiters.items()}
+        self.workers = {w: WorkerProcess(root, w, kind, "arbiter", testdata, credential=creds[w],
+                                         arbiter_urls=[self.proxies[(w, "a1")].url, self.proxies[(w, "a2")].url],
+                                         **WORKER)
+                        for w, kind in WORKER_IDS.items()}
+        self.db_gate = threading.Lock()  # the client does not submit while the nemesis has the DB down
+        self.paused: set[str] = set()
+
+    def connect(self):
+        return psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+
+    def start(self) -> None:
+        self.arbiters["a1"].start()
+        for worker in self.workers.values():
+            worker.start()
+
+    def arbiter_up(self, name: str) -> bool:
+        proc = self.arbiters[name].proc
+        return proc is not None and proc.poll() is None
+
+    def heal(self) -> None:
+        for name in list(self.paused):
+            self.cont(name)
+        if not self.arbiter_up("a1"):
+            self.arbiters["a1"].start(wait_ready=False)
+        for worker in self.workers.values():
+            if worker.proc.poll() is not None:
+                worker.start()
+
+    def stop_signal(self, name: str, sig) -> None:
+        if name in self.workers:
+            os.killpg(self.workers[name].proc.pid, sig)
+        else:
+            self.arbiters[name].signal_all(sig)
+
+    def pause(self, name: str) -> None:
+        self.stop_signal(name, signal.SIGSTOP)
+        self.paused.add(name)
+
+    def cont(self, name: str) -> None:
+        self.stop_signal(name, signal.SIGCONT)
+        self.paused.discard(name)
+
+    def destroy(self) -> None:
+        for name in list(self.paused):
+            self.cont(name)
+        for worker in self.workers.values():
+            if worker.proc is not None:
+                worker.stop()
+        for arbiter in self.arbiters.values():
+            if arbiter.proc is not None and arbiter.proc.poll() is None:
+                arbiter.kill9()
+        for proxy in self.proxies.values():
+            proxy.close()
+        self.cluster.destroy()
+
+
+class Run:
+    def __init__(self, lab: Lab, seed: int, faults: int, submissions: int, log):
+        self.lab = lab
+        self.seed = seed
+        self.target_faults = faults
+        self.target_submissions = submissions
+        self.log = log
+        self.faults: list[Fault] = []
+        self.faults_lock = threading.Lock()
+        self.submitted: dict[int, str] = {}
+        self.rejudged = 0
+        self.gen_samples: list[tuple[int, int]] = []
+        self.done = threading.Event()
+        self.errors: list[str] = []
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def record(self, kind: str, target: str, started: float, detail: str = "") -> None:
+        fault = Fault(kind, target, started, time.time(), detail)
+        with self.faults_lock:
+            self.faults.append(fault)
+            count = len(self.faults)
+            if count >= self.target_faults:
+                self.done.set()
+        if count % 25 == 0:
+            self.log(f"{count} faults injected; {len(self.submitted)} submitted")
+
+    def guarded(self, name, body):
+        def loop():
+            try:
+                body()
+            except Exception as exc:  # noqa: BLE001 — a harness error must surface, not hang the run
+                self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+                self.done.set()
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    # -- the client ------------------------------------------------------------------
+    def submit_one(self, rng: random.Random) -> None:
+        language, kind = rng.choice(MIX)
+        source = SLOW_AC if kind == "slow" else PROGRAMS[language][kind]
+        user = rng.choice(self.lab.users)
+        with self.lab.db_gate, self.lab.connect() as conn:
+            sid = leases.submit(conn, user, self.lab.problem, language, source)
+        self.submitted[sid] = EXPECTED.get(kind, kind)
+
+    def backlog(self) -> int:
+        with self.lab.connect() as conn:
+            return conn.execute("SELECT count(*) FROM submissions WHERE status IN ('pending', 'judging')").fetchone()[0]
+
+    def client(self) -> None:
+        rng = random.Random(f"{self.seed}-client")
+        while not self.done.is_set():
+            try:
+                if self.backlog() < BACKLOG:
+                    self.submit_one(rng)
+                if rng.random() < 0.1 and self.submitted:
+                    with self.lab.db_gate, self.lab.connect() as conn:
+                        self.rejudged += len(leases.rejudge(conn, [rng.choice(list(self.submitted))]))
+            except psycopg.OperationalError:
+                pass  # the database is being restarted by someone else's fault; try again
+            self.done.wait(rng.uniform(0.05, 0.3))
+
+    def sampler(self) -> None:
+        while not self.done.is_set():
+            try:
+                with self.lab.connect() as conn:
+                    self.gen_samples.extend(conn.execute("SELECT id, lease_gen FROM submissions").fetchall())
+            except psycopg.OperationalError:
+                pass
+            self.done.wait(0.3)
+
+    # -- the nemeses -----------------------------------------------------------------
+    def process_nemesis(self) -> None:
+        rng = random.Random(f"{self.seed}-process")
+        lab = self.lab
+        actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
+                  ["restart_db"] * 2 + ["second_arbiter"] * 2
+        while not self.done.is_set():
+            action = rng.choice(actions)
+            started = time.time()
+            if action == "kill_worker":
+                name = rng.choice(sorted(lab.workers))
+                lab.workers[name].kill9()
+                time.sleep(rng.uniform(0, 0.5))
+                lab.workers[name].start()
+                self.record(action, name, started)
+            elif action == "pause_worker":
+                name = rng.choice(sorted(lab.workers))
+                # Short pauses stay inside the sandbox's wall limit; long ones outlast the lease.
+                secs = rng.uniform(0.2, 0.9) if rng.random() < 0.5 else rng.uniform(LEASE_SECS + 1.5, LEASE_SECS + 3)
+                lab.pause(name)
+                time.sleep(secs)
+                lab.cont(name)
+                self.record(action, name, started, f"{secs:.1f}s")
+            elif action == "kill_arbiter":
+                up = [a for a in sorted(lab.arbiters) if lab.arbiter_up(a)]
+                name = rng.choice(up)
+                lab.arbiters[name].kill9()
+                time.sleep(rng.uniform(0, 2.0))
+                if name == "a1" or rng.random() < 0.5:
+                    lab.arbiters[name].start(wait_ready=False)
+                self.record(action, name, started)
+            elif action == "pause_arbiter":
+                name = rng.choice([a for a in sorted(lab.arbiters) if lab.arbiter_up(a)])
+                secs = rng.uniform(0.5, 6.0)
+                lab.pause(name)
+                time.sleep(secs)
+                lab.cont(name)
+                self.record(action, name, started, f"{secs:.1f}s")
+            elif action == "restart_db":
+                crash = rng.random() < 0.5
+                with lab.db_gate:
+                    lab.cluster.kill9() if crash else lab.cluster.stop("immediate")
+                    time.sleep(rng.uniform(0, 2.0))
+                    lab.cluster.start()
+                self.record(action, "db", started, "kill -9" if crash else "stop -m immediate")
+            elif action == "second_arbiter":
+                if lab.arbiter_up("a2"):
+                    lab.arbiters["a2"].kill9()
+                    self.record(action, "a2", started, "down")
+                else:
+                    lab.arbiters["a2"].start(wait_ready=False)
+                    self.record(action, "a2", started, "up")
+            self.done.wait(rng.uniform(0.1, 0.8))
+
+    def network_nemesis(self) -> None:
+        rng = random.Random(f"{self.seed}-network")
+        lab = self.lab
+        while not self.done.is_set():
+            worker = rng.choice(sorted(lab.workers))
+            marker = rng.choice(["/v1/acquire", "/heartbeat", "/result"])
+            kind = rng.choice(["drop_reply", "delay_request"])
+            secs = rng.uniform(0.3, 6.0)
+            started = time.time()
+            proxies = [lab.proxies[(worker, a)] for a in sorted(lab.arbiters)]
+            armed = [p.drop_next(marker) if kind == "drop_reply" else p.delay_next(marker, secs) for p in proxies]
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
+                time.sleep(0.02)
+            hit = [a for p, a in zip(proxies, armed) if not p.disarm(a)]
+            if hit:
+                # The fault lasts from arming until the proxy lets go (request released or reply swallowed);
+                # a request blocked on a dead upstream may hold it longer, so wait with a bound.
+                for one in hit:
+                    one.fired.wait(secs + 30)
+                self.record(kind, worker, started, marker + (f" {secs:.1f}s" if kind == "delay_request" else ""))
+            self.done.wait(rng.uniform(0.1, 0.8))
+
+    # -- the run ---------------------------------------------------------------------
+    def wait_settled(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with self.lab.connect() as conn:
+                    busy = conn.execute("SELECT count(*) FROM submissions WHERE status IN ('pending', 'judging')"
+                                        ).fetchone()[0]
+                if busy == 0 and all(not w.outbox_files() for w in self.lab.workers.values()):
+                    return True
+            except psycopg.OperationalError:
+                pass
+            time.sleep(0.5)
+        return False
+
+    def save_evidence(self, history) -> None:
+        """What the checker saw, for a post-mortem (tokens replaced by their generation)."""
+        with self.lab.connect() as conn:
+            gens = {t: (s, g) for t, s, g in conn.execute(
+                "SELECT lease_token::text, submission_id, lease_gen FROM lease_grants").fetchall()}
+        with open(self.lab.root / "faults.jsonl", "w") as out:
+            for fault in self.faults:
+                out.write(json.dumps(vars(fault)) + "\n")
+        with open(self.lab.root / "history.jsonl", "w") as out:
+            for e in sorted(history, key=lambda e: e.sent_at):
+                body = dict(e.body or {})
+                if "lease_token" in body:
+                    body["lease_token"] = gens.get(body.pop("lease_token"), "unknown")
+                out.write(json.dumps({"worker": e.worker_id, "path": e.path, "sent_at": e.sent_at,
+                                      "status": e.status, "replied_at": e.replied_at, "dropped": e.dropped,
+                                      "delayed_secs": e.delayed_secs, "body": body}) + "\n")
+
+    def execute(self, settle_timeout: float = 240):
+        started = time.monotonic()
+        threads = [self.guarded(n, f) for n, f in (("client", self.client), ("sampler", self.sampler),
+                                                    ("process-nemesis", self.process_nemesis),
+                                                    ("network-nemesis", self.network_nemesis))]
+        self.done.wait()
+        for thread in threads:
+            thread.join(timeout=30)
+        self.lab.heal()
+        rng = random.Random(f"{self.seed}-tail")
+        while len(self.submitted) < self.target_submissions:  # the fault budget ran out before the minimum
+            self.submit_one(rng)
+        fault_secs = time.monotonic() - started
+        settled = self.wait_settled(settle_timeout)
+        history = [e for p in self.lab.proxies.values() for e in p.history]
+        self.save_evidence(history)
+        with self.lab.connect() as conn:
+            report = check(conn, self.submitted, self.gen_samples, history, self.faults, XP_REWARD)
+        if not settled:
+            report.add("not settled", f"work still pending or judging {settle_timeout:.0f}s after the last fault")
+        for error in self.errors:
+            report.add("harness error", error)
+        by_kind: dict[str, int] = {}
+        for fault in self.faults:
+            by_kind[fault.kind] = by_kind.get(fault.kind, 0) + 1
+        report.figures.update(seed=self.seed, faults=len(self.faults), faults_by_kind=dict(sorted(by_kind.items())),
+                              rejudged=self.rejudged, fault_phase_secs=round(fault_secs, 1),
+                              total_secs=round(time.monotonic() - started, 1))
+        return report
+
+
+def run(seed: int, faults: int, submissions: int, workdir: Path | None = None, log=print):
+    root = Path(workdir or tempfile.mkdtemp(prefix="judge-chaos-"))
+    lab = Lab(root)
+    try:
+        lab.start()
+        return Run(lab, seed, faults, submissions, log).execute()
+    finally:
+        lab.destroy()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", type=int, default=1000)
+    parser.add_argument("--submissions", type=int, default=None,
+                        help="at least this many (default: faults / 4); the client submits until the faults are done")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    report = run(args.seed, args.faults, args.submissions or max(20, args.faults // 4), args.workdir,
+                 log=lambda m: print(m, flush=True))
+    print(json.dumps(report.figures, indent=2))
+    for violation in report.violations:
+        print("VIOLATION", violation)
+    print(f"{len(report.violations)} violations")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The CI chaos run: at least 100 real faults, then the checker must find nothing.
+
+The long run is the same code with more faults: ``python tests/chaos/run.py --faults 1000``.
+"""
+
+import os
+
+import pytest
+
+from run import run
+
+SEED = int(os.environ.get("JUDGE_CHAOS_SEED", "20261202"))
+FAULTS = int(os.environ.get("JUDGE_CHAOS_FAULTS", "100"))
+
+
+@pytest.mark.timeout(900)
+def test_chaos_run_has_no_violations(tmp_path):
+    report = run(SEED, FAULTS, submissions=max(60, FAULTS // 2), workdir=tmp_path)
+    print(report.figures)
+    assert report.figures["faults"] >= FAULTS
+    assert len(report.figures["faults_by_kind"]) >= 6, "every kind of fault should have been drawn"
+    assert report.figures["reclaims"] > 0, "a run where no lease was ever lost tested little"
+    assert report.violations == []

@@ -1,0 +1,101 @@
+"""Scenario 2: the arbiter is down for a while; workers keep judging; results land late, none twice.
+
+The seed speaks of a 2-minute outage. The test keeps the proportions that matter (outage longer than
+the lease and the grace period, several backoff rounds) and shortens the clock:
+JUDGE_S2_OUTAGE_SECS (default 12) sets the outage; JUDGE_S2_OUTAGE_SECS=120 runs the seed's figure.
+"""
+
+import os
+import time
+
+from arbiter import leases
+from checks import assert_each_submission_decided_once_by_its_last_lease
+from fixtures_data import seed_problem, seed_user
+from procs import add_worker, wait_for, write_testdata
+from programs import APLUSB_TESTS, PROGRAMS
+
+OUTAGE_SECS = float(os.environ.get("JUDGE_S2_OUTAGE_SECS", "12"))
+WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.5,
+          "backoff_max_secs": 3.0}
+
+
+def sleepy_aplusb(seconds_per_test: float) -> str:
+    return f"import time\ntime.sleep({seconds_per_test})\na, b = map(int, input().split())\nprint(a + b)\n"
+
+
+def test_outage_longer_than_lease_judges_nothing_twice_and_fails_nothing(db, arbiters, workers, tmp_path):
+    with db.connect() as conn:
+        problem = seed_problem(conn, xp_reward=10, time_limit_ms=int(OUTAGE_SECS * 1000))
+        user = seed_user(conn)
+        creds = {w: add_worker(conn, w) for w in ("home-1", "home-2")}
+        # home-1's submission finishes during the outage (its result waits in the outbox);
+        # home-2's is still running when the arbiter comes back (its heartbeats resume).
+        finishes_in_outage = leases.submit(conn, user, problem, "python3", sleepy_aplusb(0.4))
+        outlives_outage = leases.submit(conn, user, problem, "python3", sleepy_aplusb(OUTAGE_SECS / 2))
+    testdata = tmp_path / "testdata"
+    write_testdata(testdata, problem, APLUSB_TESTS)
+    a = arbiters.start(db.dsn, lease_secs=3.0, unconfirmed_secs=2.0, grace_secs=6.0)
+    started = {}
+    for worker_id in ("home-1", "home-2"):
+        started[worker_id] = workers(worker_id, "home", "arbiter", testdata, arbiter_urls=[a.url],
+                                     credential=creds[worker_id], **WORKER).start()
+        with db.connect() as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging' "
+                                          "AND lease_confirmed_at IS NOT NULL").fetchone()[0]
+                     == len(started), 30, what=f"{worker_id} to hold a confirmed lease")
+
+    a.kill9()
+    went_down = time.monotonic()
+    with db.connect() as conn:
+        queued_meanwhile = leases.submit(conn, user, problem, "c", PROGRAMS["c"]["AC"])
+    time.sleep(OUTAGE_SECS)
+    with db.connect() as conn:
+        rows = dict(conn.execute("SELECT id, status FROM submissions").fetchall())
+        assert rows == {finishes_in_outage: "judging", outlives_outage: "judging", queued_meanwhile: "pending"}
+        assert conn.execute("SELECT bool_and(lease_expires_at < now()) FROM submissions WHERE status = 'judging'"
+                            ).fetchone() == (True,), "the outage must outlast the leases for the test to mean anything"
+    waiting = [w for w in started.values() if w.outbox_files()]
+    assert [w.worker_id for w in waiting] == ["home-1"], "home-1's result waits in its outbox"
+
+    a.start()
+    with db.connect() as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status IN ('pending', 'judging')"
+                                      ).fetchone()[0] == 0, 60 + OUTAGE_SECS, interval=0.2, what="all judged")
+        counts = assert_each_submission_decided_once_by_its_last_lease(conn)
+        assert counts == {"AC": 3}
+        assert conn.execute("SELECT id, judge_attempts, lease_gen FROM submissions ORDER BY id").fetchall() == [
+            (finishes_in_outage, 1, 1), (outlives_outage, 1, 1), (queued_meanwhile, 1, 1)]
+        assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone() == (3,)
+        assert conn.execute("SELECT xp FROM users WHERE id = %s", (user,)).fetchone() == (10,)
+    assert time.monotonic() - went_down >= OUTAGE_SECS
+    assert "grace period granted" in a.log_text()
+    assert not any(w.outbox_files() for w in started.values())
+
+
+def test_arbiter_paused_longer_than_the_lease_reclaims_nothing_on_resume(db, arbiters):
+    """SIGSTOP is an outage the arbiter does not see start or end: its janitor notices the gap in DB time."""
+    import signal
+
+    from fixtures_data import seed_submissions
+    from worker.http_client import ArbiterClient
+
+    with db.connect() as conn:
+        seed_problem(conn)
+        sid, _ = seed_submissions(conn, 2)
+        cred = add_worker(conn, "home-1")
+    a = arbiters.start(db.dsn, lease_secs=3.0, grace_secs=4.0)
+    client = ArbiterClient([a.url], cred)
+    lease = client.acquire("r1", None, 5).body
+    assert client.heartbeat(sid, lease["lease_token"]).status == 200
+    a.signal_all(signal.SIGSTOP)
+    try:
+        time.sleep(5)  # the lease (3 s) runs out by the database's clock while nobody can heartbeat
+    finally:
+        a.signal_all(signal.SIGCONT)
+    time.sleep(1.0)  # several janitor rounds after waking
+    with db.connect() as conn:
+        assert conn.execute("SELECT status, lease_token::text, judge_attempts FROM submissions WHERE id = %s",
+                            (sid,)).fetchone() == ("judging", lease["lease_token"], 1)
+    assert client.heartbeat(sid, lease["lease_token"]).status == 200
+    assert client.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC"}).status == 200
+    assert "janitor was absent" in a.log_text()
