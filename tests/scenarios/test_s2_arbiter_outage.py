@@ -84,6 +84,8 @@ def test_arbiter_paused_longer_than_the_lease_reclaims_nothing_on_resume(db, arb
         sid, _ = seed_submissions(conn, 2)
         cred = add_worker(conn, "home-1")
     a = arbiters.start(db.dsn, lease_secs=3.0, grace_secs=4.0)
+    # The start-up grace must be spent before the pause, or it (not the absence check) would save the lease.
+    wait_for(lambda: "grace period granted" in a.log_text(), 10, what="the start-up grace period")
     client = ArbiterClient([a.url], cred)
     lease = client.acquire("r1", None, 5).body
     assert client.heartbeat(sid, lease["lease_token"]).status == 200
