@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from . import db, faults, leases
+from . import db, faults, leases, sdnotify
 from .metrics import METRICS
 
 log = logging.getLogger("arbiter.dispatcher")
@@ -49,8 +49,9 @@ class Ticket:
 
 
 class Dispatcher:
-    def __init__(self, settings, health: db.DbHealth, is_leader):
+    def __init__(self, settings, health: db.DbHealth, is_leader, notifier: sdnotify.Notifier | None = None):
         self.settings = settings
+        self.notifier = notifier or sdnotify.Notifier({})
         self.health = health
         self.is_leader = is_leader
         self._lock = threading.Lock()
@@ -178,9 +179,12 @@ class Dispatcher:
                     break
                 faults.wedge_point()
                 self.round()
+                self._loop_alive()
                 backoff = 0.5
             except db.UNAVAILABLE as exc:
                 self.health.mark_down(exc)
+                # The loop itself is fine; a database outage is no reason for systemd to restart us.
+                self._loop_alive()
                 self._close()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -194,6 +198,12 @@ class Dispatcher:
                 self._close()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _loop_alive(self) -> None:
+        if self.notifier.enabled:
+            role = "leader" if self.is_leader() else "standby"
+            db_state = "db up" if self.health.up else "db unreachable"
+            self.notifier.feed_watchdog(f"{role}, {db_state}, {len(self.parked_snapshot())} parked")
 
     def _fairness_order(self, tickets: list[Ticket]) -> list[Ticket]:
         """Home first; within a kind, whoever got a lease longest ago (from the workers table) goes first."""

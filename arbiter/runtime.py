@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from . import db
+from . import db, sdnotify
 from .dispatcher import Dispatcher
 from .janitor import Janitor
 from .leader import LeaderLock
@@ -17,9 +17,11 @@ class Runtime:
     def __init__(self, settings):
         self.settings = settings
         self.health = db.DbHealth()
+        self.notifier = sdnotify.Notifier()
         self.pool = db.make_pool(settings, self.health, max_size=min(settings.threads, 32))
         self.leader = LeaderLock(settings, self.health, on_gain=self._on_gain, on_lose=self._on_lose)
-        self.dispatcher = Dispatcher(settings, self.health, is_leader=lambda: self.leader.is_leader)
+        self.dispatcher = Dispatcher(settings, self.health, is_leader=lambda: self.leader.is_leader,
+                                     notifier=self.notifier)
         self.janitor = Janitor(settings, self.health, is_leader=lambda: self.leader.is_leader)
         self.monitor = StuckMonitor(settings, self)
 
@@ -39,6 +41,7 @@ class Runtime:
         return self
 
     def stop(self) -> None:
+        self.notifier.stopping()
         self.monitor.stop()
         self.janitor.stop()
         self.dispatcher.cancel_all()

@@ -11,3 +11,5 @@ logs.configure()
 settings = load_settings()
 runtime = Runtime(settings).start()
 app = create_app(runtime)
+# The listening socket is gunicorn's and already bound; from here on requests are served.
+runtime.notifier.ready("serving")
