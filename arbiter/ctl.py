@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from . import credentials, leases, migrations
+from . import credentials, dbroles, leases, migrations
 from .sqlfiles import Statements
 
 OPS = Statements("operator.sql")
@@ -40,6 +40,37 @@ def cmd_migrate(args, conn) -> int:
         print(line)
     if not done:
         print(f"nothing to do: schema is at version {migrations.current_version(conn)}")
+    return 0
+
+
+def cmd_schema_version(args, conn) -> int:
+    print(migrations.current_version(conn))
+    return 0
+
+
+def _read_secret_arg(path: str, what: str) -> str:
+    """A secret from a file or '-' (standard input): never from the command line, where ps would show it."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CtlError(f"cannot read {what} {path}: {exc.strerror}") from None
+    text = text.strip()
+    if not text:
+        raise CtlError(f"{what} is empty")
+    return text
+
+
+def cmd_dbrole_ensure(args, conn) -> int:
+    password = _read_secret_arg(args.password_file, "password")
+    outcome = dbroles.ensure_login_role(conn, args.role, password, member_of=args.member_of)
+    if args.arbiter and dbroles.grant_arbiter_privileges(conn, args.role) == "updated" and outcome == "unchanged":
+        outcome = "updated"
+    print(f"{outcome} role {args.role}")
+    return 0
+
+
+def cmd_dbrole_drop(args, conn) -> int:
+    print(f"{dbroles.drop_login_role(conn, args.role)} role {args.role}")
     return 0
 
 
@@ -156,6 +187,48 @@ def cmd_worker_add(args, conn) -> int:
     return 0
 
 
+def cmd_worker_ensure(args, conn) -> int:
+    """Register a worker with a credential the operator holds (ansible-vault): idempotent."""
+    parsed = credentials.parse_credential(_read_secret_arg(args.credential_file, "credential"))
+    if parsed is None or parsed[0] != args.worker_id:
+        raise CtlError(f"the credential is not of the form '{args.worker_id}.<secret>'")
+    digest = credentials.hash_secret(parsed[1])
+    row = conn.execute(OPS.find_worker_secret, {"worker_id": args.worker_id}).fetchone()
+    values = {"worker_id": args.worker_id, "kind": args.kind, "secret_sha256": digest,
+              "languages": sorted(set(args.languages.split(",")))}
+    if row is None:
+        conn.execute(OPS.add_worker, values)
+        outcome = "created"
+    elif credentials.digest_matches(digest, row[0]) and not row[1] and row[2] == args.kind:
+        outcome = "unchanged"
+    else:
+        conn.execute(OPS.set_worker_secret, values)
+        outcome = "updated"
+    print(f"{outcome} worker {args.worker_id}")
+    return 0
+
+
+def cmd_worker_wait_active(args, conn) -> int:
+    """The cutover gate: wait until the worker takes work (or makes contact) through the given transport."""
+    import time
+
+    since = leases.database_now(conn)
+    if args.require == "work":
+        query, what = OPS.worker_took_work_since, "decided no submission"
+    else:
+        query = OPS.worker_contact_since_arbiter if args.transport == "arbiter" else OPS.worker_contact_since_direct
+        what = "made no contact"
+    deadline = time.monotonic() + args.timeout
+    params = {"worker_id": args.worker_id, "since": since, "transport": args.transport}
+    while conn.execute(query, params).fetchone()[0] == 0:
+        if time.monotonic() >= deadline:
+            raise CtlError(f"worker {args.worker_id} {what} through transport {args.transport!r} "
+                           f"in {args.timeout:.0f}s")
+        time.sleep(1.0)
+    print(f"worker {args.worker_id} active through {args.transport}")
+    return 0
+
+
 def cmd_worker_revoke(args, conn) -> int:
     if conn.execute(OPS.revoke_worker, {"worker_id": args.worker_id}).rowcount == 0:
         raise CtlError(f"no active worker {args.worker_id!r}")
@@ -171,6 +244,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="apply or roll back migrations")
     p.add_argument("--to", help="baseline, stage1, stage4, latest or a version number (default: latest)")
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("schema-version", help="print the schema version (1 baseline, 2 stage 1, 3 stage 4)")
+    p.set_defaults(func=cmd_schema_version)
+
+    p = sub.add_parser("dbrole", help="database login roles of the cutover (legacy workers, the arbiter)")
+    dsub = p.add_subparsers(dest="dbrole_command", required=True)
+    de = dsub.add_parser("ensure", help="create the login role or set its password; prints what it did")
+    de.add_argument("role")
+    de.add_argument("--password-file", required=True, help="file holding the password, or - for standard input")
+    de.add_argument("--member-of", help="group role to grant (judge_legacy_worker for a legacy worker)")
+    de.add_argument("--arbiter", action="store_true", help="grant the arbiter's table privileges")
+    de.set_defaults(func=cmd_dbrole_ensure)
+    dd = dsub.add_parser("drop", help="drop the login role and end its sessions")
+    dd.add_argument("role")
+    dd.set_defaults(func=cmd_dbrole_drop)
 
     p = sub.add_parser("problem", help="manage problems")
     psub = p.add_subparsers(dest="problem_command", required=True)
@@ -213,6 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--languages", default="c,cpp,python3")
     wa.add_argument("--credential-file", help="write the credential here (mode 0600) instead of printing it")
     wa.set_defaults(func=cmd_worker_add)
+    we = wsub.add_parser("ensure", help="register a worker with a given credential (idempotent)")
+    we.add_argument("worker_id")
+    we.add_argument("--kind", choices=["home", "production"], required=True)
+    we.add_argument("--languages", default="c,cpp,python3")
+    we.add_argument("--credential-file", required=True, help="file holding '<worker_id>.<secret>', or -")
+    we.set_defaults(func=cmd_worker_ensure)
+    ww = wsub.add_parser("wait-active", help="cutover gate: wait until the worker works through a transport")
+    ww.add_argument("worker_id")
+    ww.add_argument("--transport", choices=["arbiter", "direct"], required=True)
+    ww.add_argument("--require", choices=["work", "contact"], default="work",
+                    help="work: decides a submission (default); contact: polls or parks a request")
+    ww.add_argument("--timeout", type=float, default=300.0)
+    ww.set_defaults(func=cmd_worker_wait_active)
     wr = wsub.add_parser("revoke", help="revoke a worker's credential")
     wr.add_argument("worker_id")
     wr.set_defaults(func=cmd_worker_revoke)

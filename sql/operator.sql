@@ -45,3 +45,60 @@ ORDER BY w.kind, w.worker_id;
 -- name: count_live_arbiter_leases
 -- Leases only an arbiter's janitor would hand back: what a rollback must drain before the arbiter goes.
 SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT NULL;
+
+-- name: find_worker_secret
+SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind FROM workers WHERE worker_id = %(worker_id)s;
+
+-- name: set_worker_secret
+UPDATE workers SET secret_sha256 = %(secret_sha256)s, kind = %(kind)s, revoked_at = NULL
+WHERE worker_id = %(worker_id)s;
+
+-- name: worker_took_work_since
+-- The cutover gate: has this worker decided a submission through the given transport since the gate
+-- began? Arbiter results carry the lease token that decided them; legacy (direct) results carry none.
+SELECT count(*) FROM submission_judgings
+WHERE worker_id = %(worker_id)s AND created_at >= %(since)s
+  AND (lease_token IS NOT NULL) = (%(transport)s = 'arbiter');
+
+-- name: worker_contact_since_arbiter
+SELECT count(*) FROM workers WHERE worker_id = %(worker_id)s AND last_seen_at >= %(since)s;
+
+-- name: worker_contact_since_direct
+SELECT count(*) FROM judge_nodes WHERE worker_id = %(worker_id)s AND last_seen >= %(since)s;
+
+-- Database roles of the cutover (composed with psycopg.sql: {role} and {group} are identifiers,
+-- {verifier} a literal SCRAM verifier computed client-side, so no password is ever sent or logged).
+
+-- name: find_role
+SELECT rolpassword, rolcanlogin FROM pg_authid WHERE rolname = %(role)s;
+
+-- name: create_login_role
+CREATE ROLE {role} LOGIN PASSWORD {verifier};
+
+-- name: set_role_password
+ALTER ROLE {role} LOGIN PASSWORD {verifier};
+
+-- name: role_is_member
+SELECT pg_has_role(%(role)s, %(group)s, 'MEMBER');
+
+-- name: grant_membership
+GRANT {group} TO {role};
+
+-- name: terminate_role_sessions
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = %(role)s;
+
+-- name: drop_role
+DROP ROLE {role};
+
+-- name: tables_missing_arbiter_privileges
+-- CASE, not AND: the planner may call the privilege function on rows the relkind test would have dropped.
+SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S')
+  AND CASE c.relkind
+        WHEN 'r' THEN NOT has_table_privilege(%(role)s, c.oid, 'SELECT, INSERT, UPDATE')
+        ELSE NOT has_sequence_privilege(%(role)s, c.oid, 'USAGE, SELECT')
+      END;
+
+-- name: grant_arbiter_privileges
+GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role};
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role};

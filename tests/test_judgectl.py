@@ -79,3 +79,116 @@ def test_unreachable_database_is_one_clear_error():
                              "status"], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.startswith("judgectl: error: cannot connect to the database")
+
+
+def _role_name(db, suffix: str) -> str:
+    # Roles are cluster-wide and the test server is shared: one name per test database.
+    return f"{db.name}_{suffix}"
+
+
+def test_scram_verifier_math_agrees_with_the_server(db):
+    from arbiter import dbroles
+
+    role = _role_name(db, "scram")
+    with db.connect() as conn:
+        conn.execute("SET password_encryption = 'scram-sha-256'")
+        conn.execute(f'CREATE ROLE "{role}" LOGIN PASSWORD \'s3cret-pw\'')
+        try:
+            stored = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0]
+        finally:
+            conn.execute(f'DROP ROLE "{role}"')
+    assert dbroles.verifier_matches(stored, "s3cret-pw")
+    assert not dbroles.verifier_matches(stored, "s3cret-pX")
+    assert dbroles.verifier_matches(dbroles.scram_verifier("x"), "x")
+
+
+def test_dbrole_ensure_and_drop_converge_and_say_what_they_did(db, tmp_path):
+    role = _role_name(db, "home1")
+    try:
+        first = judgectl(db, "dbrole", "ensure", role, "--member-of", "judge_legacy_worker", "--password-file", "-",
+                         stdin="pw-one\n")
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.strip() == f"created role {role}"
+        assert "pw-one" not in first.stdout + first.stderr
+        again = judgectl(db, "dbrole", "ensure", role, "--member-of", "judge_legacy_worker", "--password-file", "-",
+                         stdin="pw-one\n")
+        assert again.stdout.strip() == f"unchanged role {role}"
+        changed = judgectl(db, "dbrole", "ensure", role, "--member-of", "judge_legacy_worker", "--password-file", "-",
+                           stdin="pw-two\n")
+        assert changed.stdout.strip() == f"updated role {role}"
+        with db.connect() as conn:
+            assert conn.execute("SELECT pg_has_role(%s, 'judge_legacy_worker', 'MEMBER')", (role,)).fetchone() == (True,)
+            stored = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0]
+        from arbiter import dbroles
+
+        assert dbroles.verifier_matches(stored, "pw-two") and "pw-two" not in stored
+        empty = judgectl(db, "dbrole", "ensure", role, "--password-file", "-", stdin="\n")
+        assert empty.returncode == 1 and "empty" in empty.stderr
+        assert judgectl(db, "dbrole", "drop", role).stdout.strip() == f"dropped role {role}"
+        assert judgectl(db, "dbrole", "drop", role).stdout.strip() == f"absent role {role}"
+    finally:
+        with db.connect() as conn:
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_dbrole_ensure_arbiter_grants_every_table(db):
+    role = _role_name(db, "arb")
+    try:
+        first = judgectl(db, "dbrole", "ensure", role, "--arbiter", "--password-file", "-", stdin="pw\n")
+        assert first.stdout.strip() == f"created role {role}", first.stderr
+        with db.connect() as conn:
+            assert conn.execute("SELECT bool_and(has_table_privilege(%s, c.oid, 'SELECT, INSERT, UPDATE')) "
+                                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                                "WHERE n.nspname = 'public' AND c.relkind = 'r'", (role,)).fetchone() == (True,)
+        assert judgectl(db, "dbrole", "ensure", role, "--arbiter", "--password-file", "-",
+                        stdin="pw\n").stdout.strip() == f"unchanged role {role}"
+    finally:
+        with db.connect() as conn:
+            conn.execute("SELECT 1")
+            for stmt in (f'REVOKE ALL ON ALL TABLES IN SCHEMA public FROM "{role}"',
+                         f'REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM "{role}"', f'DROP ROLE IF EXISTS "{role}"'):
+                conn.execute(stmt)
+
+
+def test_worker_ensure_is_idempotent_and_refuses_a_foreign_credential(db):
+    cred = credentials.format_credential("home-1", credentials.new_secret())
+    assert judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-",
+                    stdin=cred).stdout.strip() == "created worker home-1"
+    assert judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-",
+                    stdin=cred).stdout.strip() == "unchanged worker home-1"
+    foreign = credentials.format_credential("home-2", credentials.new_secret())
+    refused = judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-", stdin=foreign)
+    assert refused.returncode == 1 and "not of the form" in refused.stderr
+    with db.connect() as conn:
+        assert conn.execute("SELECT secret_sha256 FROM workers WHERE worker_id = 'home-1'").fetchone()[0] == \
+            credentials.hash_secret(cred.partition(".")[2])
+    rotated = credentials.format_credential("home-1", credentials.new_secret())
+    assert judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-",
+                    stdin=rotated).stdout.strip() == "updated worker home-1"
+
+
+def test_worker_wait_active_gate(db):
+    from fixtures_data import seed_problem, seed_submissions
+
+    timeout = judgectl(db, "worker", "wait-active", "home-1", "--transport", "arbiter", "--timeout", "1")
+    assert timeout.returncode == 1
+    assert "home-1 decided no submission through transport 'arbiter' in 1s" in timeout.stderr
+    with db.connect() as conn:
+        seed_problem(conn)
+        (sid,) = seed_submissions(conn, 1)
+    proc = subprocess.Popen([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, "worker", "wait-active", "home-1",
+                             "--transport", "direct", "--timeout", "20"], stdout=subprocess.PIPE, text=True)
+    import time
+
+    time.sleep(1.5)
+    with db.connect() as conn:
+        # A result through the arbiter does not satisfy a gate on the direct transport ...
+        conn.execute("INSERT INTO submission_judgings (submission_id, worker_id, verdict, lease_token) "
+                     "VALUES (%s, 'home-1', 'AC', gen_random_uuid())", (sid,))
+        time.sleep(1.5)
+        assert proc.poll() is None
+        # ... a legacy one (no lease token) does.
+        conn.execute("INSERT INTO submission_judgings (submission_id, worker_id, verdict) VALUES (%s, 'home-1', 'WA')",
+                     (sid,))
+    assert proc.wait(10) == 0
+    assert "home-1 active through direct" in proc.stdout.read()
