@@ -30,6 +30,14 @@ class Janitor:
         self._conn = None
         self._health_generation = None
         self._last_sweep_db_time = None
+        self.declare_metrics()
+
+    @staticmethod
+    def declare_metrics() -> None:
+        # Series exist from the start, at 0: an alert on their increase sees the first one.
+        for outcome in ("pending", "system_error"):
+            METRICS.inc("arbiter_leases_reclaimed_total", 0, outcome=outcome)
+        METRICS.inc("arbiter_grace_periods_total", 0)
 
     def owe_grace(self) -> None:
         self._grace_owed.set()

@@ -26,6 +26,8 @@ class StuckMonitor:
         self.runtime = runtime
         self.alerting = False
         self.oldest_unmatched = 0.0
+        METRICS.set_gauge("arbiter_stuck_dispatch", 0)
+        METRICS.set_gauge("arbiter_oldest_unmatched_seconds", 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stuck-monitor", daemon=True)
 
