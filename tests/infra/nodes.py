@@ -1,0 +1,103 @@
+"""testinfra checks of what a cutover stage leaves on each lab node (services, sockets, configs, modes).
+
+Each function takes testinfra hosts (``ssh://`` with the lab's ssh config) and asserts; all of them
+can fail, and the cutover test runs them after every stage and every rollback.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+SUPERVISORCTL = "/opt/judge-arbiter/venv/bin/supervisorctl --configuration /etc/{name}/supervisord.conf"
+HOME, PRODUCTION = ("home-1", "home-2"), ("prod-1",)
+
+
+def expected_transport(worker: str, stage: int) -> str:
+    if stage < 2:
+        return "direct"
+    if stage == 2:
+        return "arbiter" if worker == "home-1" else "direct"
+    if stage == 3:
+        return "arbiter" if worker in HOME else "direct"
+    return "arbiter"
+
+
+def has_db_account(worker: str, stage: int) -> bool:
+    return stage <= (2 if worker in HOME else 3)
+
+
+def check_db_node(db) -> None:
+    assert db.socket("tcp://10.231.0.10:5432").is_listening
+    assert not db.socket("tcp://0.0.0.0:8080").is_listening
+
+
+def check_arbiter_node(arbiter, stage: int) -> None:
+    listening = arbiter.socket("tcp://0.0.0.0:8080").is_listening
+    if stage < 2:
+        assert not listening, "below stage 2 no arbiter may run"
+        assert not arbiter.file("/etc/judge-arbiter/programs/judge-arbiter.conf").exists
+        return
+    assert listening
+    status = arbiter.run(SUPERVISORCTL.format(name="judge-arbiter") + " status judge-arbiter")
+    assert "RUNNING" in status.stdout, status.stdout
+    assert arbiter.process.filter(user="judge-arbiter", comm="judge-arbiter") or \
+        any("gunicorn" in p.args for p in arbiter.process.filter(user="judge-arbiter")), "runs as judge-arbiter"
+    dsn = arbiter.file("/etc/judge-arbiter/dsn")
+    assert dsn.mode == 0o600 and dsn.user == "judge-arbiter"
+    conf = arbiter.file("/etc/judge-arbiter/arbiter.toml")
+    assert conf.mode == 0o640 and "password" not in conf.content_string
+    ready = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
+        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5).status)"))
+    assert ready.stdout.strip() == "200", ready.stdout + ready.stderr
+
+
+def check_worker_node(node, worker: str, stage: int) -> None:
+    transport = expected_transport(worker, stage)
+    config = node.file("/etc/judge-worker/worker.toml")
+    assert config.mode == 0o640
+    assert f'transport = "{transport}"' in config.content_string
+    status = node.run(SUPERVISORCTL.format(name="judge-worker") + " status judge-worker")
+    assert "RUNNING" in status.stdout, status.stdout
+    credential, dsn = node.file("/etc/judge-worker/credential"), node.file("/etc/judge-worker/dsn")
+    if stage >= 2:
+        assert credential.exists and credential.mode == 0o600 and credential.user == "root"
+    else:
+        assert not credential.exists
+    if has_db_account(worker, stage):
+        assert dsn.exists and dsn.mode == 0o600 and dsn.user == "root"
+    else:
+        assert not dsn.exists, "the legacy DB credentials leave with the account"
+    assert node.file("/etc/judge-worker").mode == 0o750
+
+
+LOGIN = ("import sys, psycopg\n"
+         "try:\n"
+         "    psycopg.connect(sys.argv[1], connect_timeout=5).close()\n"
+         "except psycopg.OperationalError as e:\n"
+         "    print(str(e).strip().splitlines()[-1]); sys.exit(3)\n"
+         "print('logged in')\n")
+
+
+def legacy_login(node, worker: str, password: str):
+    """Try the worker's legacy DB account from its own host, with the password it had."""
+    role = f"judge_worker_{worker.replace('-', '_')}"
+    dsn = f"host=10.231.0.10 port=5432 dbname=judge user={role} password={password}"
+    return node.run("/opt/judge-arbiter/venv/bin/python -c " + shlex.quote(LOGIN) + " " + shlex.quote(dsn))
+
+
+def check_legacy_logins(nodes: dict, passwords: dict, stage: int) -> None:
+    for worker in HOME + PRODUCTION:
+        result = legacy_login(nodes[worker], worker, passwords[worker])
+        if has_db_account(worker, stage):
+            assert result.rc == 0 and "logged in" in result.stdout, result.stdout + result.stderr
+        else:
+            assert result.rc == 3, f"{worker} can still log in to the database at stage {stage}"
+            assert "password authentication failed" in result.stdout, result.stdout
+
+
+def check_all(nodes: dict, passwords: dict, stage: int) -> None:
+    check_db_node(nodes["db-1"])
+    check_arbiter_node(nodes["arbiter-1"], stage)
+    for worker in HOME + PRODUCTION:
+        check_worker_node(nodes[worker], worker, stage)
+    check_legacy_logins(nodes, passwords, stage)

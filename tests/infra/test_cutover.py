@@ -1,0 +1,243 @@
+"""The four-stage cutover and its rollback, by the Ansible playbooks, on the multi-host lab.
+
+ansible/lab/netlab.py brings up five hosts (network + mount namespaces, each with its own sshd, the
+db host with a real PostgreSQL holding a legacy site). Submissions keep arriving the whole time. The
+playbooks run exactly as an operator runs them: a --check --diff preview, the stage, the stage again
+(which must change nothing); after each stage and each rollback step testinfra checks every node and
+the database shows nothing lost, stuck or judged wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from infra import nodes as node_checks
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE = REPO / "ansible"
+BIN = Path(sys.executable).parent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (namespaces, mounts)"),
+    pytest.mark.skipif(shutil.which("sshd", path="/usr/sbin:/usr/bin") is None, reason="openssh-server missing"),
+    pytest.mark.skipif(not (BIN / "ansible-playbook").exists(), reason="ansible-core missing"),
+]
+
+AC = "a, b = map(int, input().split())\nprint(a + b)\n"
+WA = "a, b = map(int, input().split())\nprint(a * b)\n"
+
+
+class Lab:
+    def __init__(self, base: Path):
+        self.base = base
+        self.info = json.loads((base / "lab.json").read_text())
+        self.secrets = {}
+        for line in (base / "secrets.yml").read_text().splitlines():
+            key, sep, value = line.partition(": ")
+            if sep and not line.startswith("#"):
+                self.secrets[key] = json.loads(value)
+        self.logs: list[Path] = []
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.info["admin_dsn"], autocommit=True)
+
+    def play(self, playbook: str, *extra: str, check: bool = False) -> dict[str, dict[str, int]]:
+        """Run a playbook like an operator; return the recap {host: {ok, changed, failed, ...}}."""
+        argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", playbook, "-e", f"@{self.base}/secrets.yml",
+                *extra]
+        if check:
+            argv += ["--check", "--diff"]
+        env = dict(os.environ, JUDGE_LAB_DIR=str(self.base), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
+        result = subprocess.run(argv, cwd=ANSIBLE, env=env, capture_output=True, text=True, timeout=1800)
+        log = self.base / f"play-{len(self.logs):02d}-{playbook.removesuffix('.yml')}{'-check' if check else ''}.log"
+        log.write_text(result.stdout + result.stderr)
+        self.logs.append(log)
+        assert result.returncode == 0, f"{' '.join(argv)} failed:\n{(result.stdout + result.stderr)[-6000:]}"
+        recap = {}
+        for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", result.stdout, re.MULTILINE):
+            recap[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)}
+        assert recap, "no PLAY RECAP in the output"
+        return recap
+
+    def nodes(self) -> dict:
+        import testinfra
+
+        config = str(self.base / "ssh" / "config")
+        return {h: testinfra.get_host(f"ssh://{h}", ssh_config=config) for h in self.info["hosts"]}
+
+
+class Flow(threading.Thread):
+    """The site's users: a submission every 0.4 s, alternately right and wrong, the whole time."""
+
+    def __init__(self, lab: Lab):
+        super().__init__(daemon=True)
+        self.lab = lab
+        self.expected: dict[int, str] = {}
+        self.halt = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        problem = self.lab.info["problems"]["aplusb"]
+        with self.lab.connect() as conn:
+            user = conn.execute("INSERT INTO users (name) VALUES ('flow') RETURNING id").fetchone()[0]
+            n = 0
+            while not self.halt.wait(0.4):
+                verdict, source = ("AC", AC) if n % 2 == 0 else ("WA", WA)
+                try:
+                    sid = conn.execute("INSERT INTO submissions (user_id, problem_id, language, source) "
+                                       "VALUES (%s, %s, 'python3', %s) RETURNING id",
+                                       (user, problem, source)).fetchone()[0]
+                except psycopg.Error as exc:  # a schema change holds a lock for a moment: the site retries
+                    self.errors.append(str(exc))
+                    continue
+                self.expected[sid] = verdict
+                n += 1
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    base = Path(tempfile.mkdtemp(prefix="judge-netlab-", dir="/tmp"))
+    netlab = [sys.executable, str(ANSIBLE / "lab" / "netlab.py")]
+    up = subprocess.run([*netlab, "up", "--dir", str(base)], capture_output=True, text=True, timeout=900)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield Lab(base)
+    finally:
+        down = subprocess.run([*netlab, "down", "--dir", str(base)], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        # Tear-down leaves nothing running and nothing behind.
+        assert "jlab-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert subprocess.run(["pgrep", "-f", str(base)], capture_output=True).returncode == 1
+        assert not base.exists()
+
+
+def settled(lab: Lab, flow: Flow, timeout: float = 120) -> dict[str, int]:
+    """Everything submitted so far is judged, with the right verdict: nothing lost, nothing stuck."""
+    upto = max(flow.expected, default=0)
+    deadline = time.monotonic() + timeout
+    with lab.connect() as conn:
+        while True:
+            open_ = conn.execute("SELECT id, status, worker_id FROM submissions WHERE id <= %s "
+                                 "AND status IN ('pending', 'judging') ORDER BY id", (upto,)).fetchall()
+            if not open_:
+                break
+            assert time.monotonic() < deadline, f"stuck or lost after {timeout}s: {open_[:10]}"
+            time.sleep(1.0)
+        rows = dict(conn.execute("SELECT id, status FROM submissions WHERE id <= %s", (upto,)).fetchall())
+        stage1_schema = conn.execute("SELECT to_regclass('lease_grants') IS NOT NULL").fetchone()[0]
+        if stage1_schema:
+            from checks import assert_each_submission_decided_once_by_its_last_lease
+
+            assert_each_submission_decided_once_by_its_last_lease(conn, expect_terminal=False)
+    wrong = {sid: (rows.get(sid), verdict) for sid, verdict in flow.expected.items()
+             if sid <= upto and rows.get(sid) != verdict}
+    assert not wrong, f"lost or misjudged (status, expected): {dict(list(wrong.items())[:10])}"
+    counts: dict[str, int] = {}
+    for status in rows.values():
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def transports_used_since(lab: Lab, since) -> set[tuple[str, bool]]:
+    with lab.connect() as conn:
+        return set(conn.execute("SELECT DISTINCT worker_id, lease_token IS NOT NULL FROM submission_judgings "
+                                "WHERE created_at >= %s", (since,)).fetchall())
+
+
+def db_now(lab: Lab):
+    with lab.connect() as conn:
+        return conn.execute("SELECT now()").fetchone()[0]
+
+
+def assert_no_change(recap: dict) -> None:
+    changed = {host: c["changed"] for host, c in recap.items() if c["changed"]}
+    assert not changed, f"a second run changed something: {changed}"
+
+
+def test_cutover_stage_by_stage_and_rollback_step_by_step(lab):
+    flow = Flow(lab)
+    flow.start()
+    passwords = lab.secrets["judge_legacy_db_passwords"]
+    try:
+        # The legacy site as it runs today: every worker on its DB account, no arbiter.
+        lab.play("site.yml", "-e", "judge_cutover_stage=0")
+        settled(lab, flow)
+        node_checks.check_all(lab.nodes(), passwords, 0)
+
+        for stage in (1, 2, 3, 4):
+            preview = lab.play(f"stage{stage}.yml", check=True)
+            assert not any(c["failed"] for c in preview.values())
+            lab.play(f"stage{stage}.yml")
+            since = db_now(lab)
+            assert_no_change(lab.play(f"stage{stage}.yml"))
+            settled(lab, flow)
+            node_checks.check_all(lab.nodes(), passwords, stage)
+            if stage >= 2:
+                # home-1 judges through the arbiter from stage 2 on: results carry lease tokens.
+                assert ("home-1", True) in transports_used_since(lab, since)
+            if stage == 4:
+                with lab.connect() as conn:
+                    assert conn.execute("SELECT to_regclass('judge_dispatch_state')").fetchone() == (None,)
+
+        for target in (3, 2, 1, 0):
+            lab.play("rollback.yml", "-e", f"judge_rollback_to={target}")
+            settled(lab, flow)
+            node_checks.check_all(lab.nodes(), passwords, target)
+            if target == 3:
+                with lab.connect() as conn:
+                    assert conn.execute("SELECT count(*) FROM judge_dispatch_state").fetchone() == (1,)
+        preview = lab.play("rollback.yml", check=True)
+        assert_no_change(preview)
+        assert_no_change(lab.play("rollback.yml"))
+        since = db_now(lab)
+        counts = settled(lab, flow)
+        with lab.connect() as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (1,)
+        assert not any(token for _, token in transports_used_since(lab, since))
+    finally:
+        flow.stop()
+    final = settled(lab, flow)
+    assert set(final) <= {"AC", "WA"} and final["AC"] >= 50 and final["WA"] >= 50, (counts, final)
+
+
+def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab):
+    """Gate failure: the switched worker gets its previous config back; no other worker is touched."""
+    # Runs after the full cutover test: the lab is at stage 0. home-1's gate cannot pass with no
+    # submissions flowing and a 5 s gate.
+    before = {h: n.file("/etc/judge-worker/worker.toml").content_string
+              for h, n in lab.nodes().items() if h.startswith(("home", "prod"))}
+    argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", "stage2.yml", "-e", f"@{lab.base}/secrets.yml",
+            "-e", "judge_worker_gate_timeout_secs=5"]
+    env = dict(os.environ, JUDGE_LAB_DIR=str(lab.base), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
+    # Stage 2 needs stage 1 first; take it with the queue still moving, then stop the users.
+    lab.play("stage1.yml")
+    result = subprocess.run(argv, cwd=ANSIBLE, env=env, capture_output=True, text=True, timeout=900)
+    (lab.base / "play-gate-failure.log").write_text(result.stdout + result.stderr)
+    assert result.returncode != 0
+    assert "home-1 did not take work through transport arbiter" in result.stdout
+    nodes = lab.nodes()
+    after = {h: nodes[h].file("/etc/judge-worker/worker.toml").content_string for h in before}
+    assert after == before, "home-1 is back on its previous configuration, the others untouched"
+    assert 'transport = "direct"' in after["home-1"]
+    for h in before:
+        assert "RUNNING" in nodes[h].run(node_checks.SUPERVISORCTL.format(name="judge-worker") +
+                                         " status judge-worker").stdout
