@@ -214,7 +214,9 @@ def cmd_worker_wait_active(args, conn) -> int:
 
     since = leases.database_now(conn)
     if args.require == "work":
-        query, what = OPS.worker_took_work_since, "decided no submission"
+        query = OPS.worker_took_work_since if migrations.current_version(conn) >= 2 \
+            else OPS.worker_took_work_since_baseline
+        what = "decided no submission"
     else:
         query = OPS.worker_contact_since_arbiter if args.transport == "arbiter" else OPS.worker_contact_since_direct
         what = "made no contact"

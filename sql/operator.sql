@@ -60,6 +60,11 @@ SELECT count(*) FROM submission_judgings
 WHERE worker_id = %(worker_id)s AND created_at >= %(since)s
   AND (lease_token IS NOT NULL) = (%(transport)s = 'arbiter');
 
+-- name: worker_took_work_since_baseline
+-- Before stage 1 there are no lease columns, and every result is a legacy (direct) one.
+SELECT count(*) FROM submission_judgings
+WHERE worker_id = %(worker_id)s AND created_at >= %(since)s AND %(transport)s = 'direct';
+
 -- name: worker_contact_since_arbiter
 SELECT count(*) FROM workers WHERE worker_id = %(worker_id)s AND last_seen_at >= %(since)s;
 
