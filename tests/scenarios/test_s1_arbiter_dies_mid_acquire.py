@@ -56,15 +56,17 @@ def test_crash_after_commit_retry_gets_the_same_lease(setup, arbiters):
 
 def test_crash_after_commit_without_retry_comes_back_unconfirmed(setup, arbiters):
     db, sid, cred = setup
-    a = arbiters.start(db.dsn, env={"JUDGE_ARBITER_FAULTS": "crash_after_commit"})
+    # A long lease and a short grace: only the unconfirmed expiry can bring the lease back this soon.
+    a = arbiters.start(db.dsn, env={"JUDGE_ARBITER_FAULTS": "crash_after_commit"}, unconfirmed_secs=2.0,
+                       lease_secs=60.0, grace_secs=1.0)
     with pytest.raises(Unreachable):
         ArbiterClient([a.url], cred).acquire("req-1", None, 3)
     a.kill9()
     a.extra_env = {}
     a.start()
-    # Unconfirmed: back after the short expiry (here stretched only by the restart's grace period),
-    # and the attempt that never reached a worker is given back.
-    wait_for(lambda: row(db, sid)[0] == "pending", 20, what="unconfirmed lease reclaimed")
+    # Unconfirmed: back after the short expiry, not the lease period, and the attempt that never
+    # reached a worker is given back.
+    wait_for(lambda: row(db, sid)[0] == "pending", 15, what="unconfirmed lease reclaimed")
     assert row(db, sid)[2] == 0
     lease = ArbiterClient([a.url], cred).acquire(str(uuid.uuid4()), None, 3).body
     assert lease["submission_id"] == sid and lease["lease_gen"] == 2
