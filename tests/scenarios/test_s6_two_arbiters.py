@@ -74,4 +74,9 @@ def test_two_arbiters_both_dispatching_never_corrupt_data(db, arbiters):
         assert assert_each_submission_decided_once_by_its_last_lease(conn) == {"AC": 60}
         per_arbiter_grants = conn.execute("SELECT count(DISTINCT worker_id) FROM lease_grants").fetchone()[0]
         assert per_arbiter_grants == 4
+        # Nobody vanished, so no lease expired: one grant per submission. Two arbiters racing for the same
+        # row without SKIP LOCKED and the pending re-check would lease it twice (the second superseding
+        # the first, whose worker is then fenced off): wasted work the design rules out.
+        assert conn.execute("SELECT max(n) FROM (SELECT count(*) AS n FROM lease_grants GROUP BY submission_id) g"
+                            ).fetchone() == (1,)
     assert sum(len(w.delivered) for w in workers) == 60
