@@ -1,9 +1,11 @@
 """judge-lab: the whole system on one machine, in one command.
 
-Embedded PostgreSQL (a throwaway cluster), the arbiter under gunicorn, workers
-home-1, home-2 and prod-1, sample problems with test data and a batch of real
-submissions with mixed verdicts. Shows live progress until everything is
-judged, then a summary table. Ctrl-C stops everything it started.
+Embedded PostgreSQL (a throwaway cluster), the arbiter under gunicorn and the
+workers home-1, home-2 and prod-1, all run by supervisord as in production,
+sample problems with test data and a batch of real submissions with mixed
+verdicts. Shows live progress until everything is judged, then a summary
+table. ``--chaos`` kill -9s programs along the way (supervisord restarts them).
+Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
@@ -58,17 +60,39 @@ class Lab:
         self.base = base
         self.copies = copies
         self.chaos = chaos
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.programs: list[str] = []
+        self.supervisord: subprocess.Popen | None = None
         self.cluster = None
         self.kills = 0
 
-    def _spawn(self, name: str, argv: list[str], env: dict) -> None:
-        log = open(self.base / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+    def _program(self, name: str, argv: list[str], env: dict) -> str:
+        environment = ",".join(f'{k}="{v}"' for k, v in env.items())
+        self.programs.append(name)
+        return "\n".join([
+            f"[program:{name}]", f"command={' '.join(argv)}", f"environment={environment}" if env else "",
+            "autostart=true", "autorestart=true", "startsecs=1", "startretries=1000", "stopsignal=TERM",
+            "stopwaitsecs=15", "stopasgroup=true", "killasgroup=true", "redirect_stderr=true",
+            f"stdout_logfile={self.base / name}.log", ""])
+
+    def _supervisorctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).with_name("supervisorctl")), "-c",
+                               str(self.base / "supervisord.conf"), *args], capture_output=True, text=True, timeout=60)
+
+    def _start_supervisord(self, programs: list[str]) -> None:
+        conf = self.base / "supervisord.conf"
+        conf.write_text("\n".join([
+            "[unix_http_server]", f"file={self.base / 'supervisor.sock'}", "chmod=0700", "",
+            "[supervisord]", f"logfile={self.base / 'supervisord.log'}", f"pidfile={self.base / 'supervisord.pid'}",
+            f"childlogdir={self.base}", "", "[rpcinterface:supervisor]",
+            "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface", "",
+            "[supervisorctl]", f"serverurl=unix://{self.base / 'supervisor.sock'}", "", *programs]))
+        self.supervisord = subprocess.Popen([str(Path(sys.executable).with_name("supervisord")), "--nodaemon",
+                                             "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                             start_new_session=True)
 
     def setup(self) -> dict[int, str]:
-        print(f"lab directory: {self.base}")
+        print(f"lab directory: {self.base}\n"
+              f"programs run by supervisord: supervisorctl -c {self.base}/supervisord.conf status")
         self.cluster = devcluster.LocalCluster(self.base / "pg").init().start()
         with psycopg.connect(self.cluster.dsn(), autocommit=True) as admin:
             admin.execute("CREATE DATABASE judge")
@@ -101,8 +125,9 @@ class Lab:
         conf = self.base / "arbiter.toml"
         conf.write_text(f"dsn = {json.dumps(self.dsn)}\nbind = \"127.0.0.1:{port}\"\nlease_secs = 20.0\n"
                         "unconfirmed_secs = 5.0\ngrace_secs = 20.0\n")
-        self.arbiter_env = {"JUDGE_ARBITER_CONFIG": str(conf)}
-        self._start_arbiter()
+        gunicorn_conf = Path(__file__).with_name("gunicorn.conf.py")
+        programs = [self._program("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(gunicorn_conf),
+                                              "arbiter.wsgi:app"], {"JUDGE_ARBITER_CONFIG": str(conf)})]
         work = Path(tempfile.mkdtemp(prefix="judge-lab-work-", dir="/tmp"))
         work.chmod(0o711)
         self.work = work
@@ -116,26 +141,23 @@ class Lab:
                 f'transport = "arbiter"\narbiter_urls = ["{self.url}"]\ncredential_file = "{home / "credential"}"\n'
                 f'outbox_dir = "{home / "outbox"}"\ntestdata_dir = "{testdata}"\nwork_dir = "{work / wid}"\n'
                 'heartbeat_interval_secs = 5.0\nlong_poll_secs = 10.0\nbackoff_max_secs = 5.0\n')
-            self._start_worker(wid)
+            programs.append(self._program(wid, [sys.executable, "-m", "worker.main", "--config",
+                                                str(home / "worker.toml")], {}))
+        self._start_supervisord(programs)
         return expected
 
-    def _start_arbiter(self) -> None:
-        conf = Path(__file__).with_name("gunicorn.conf.py")
-        self._spawn("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(conf), "arbiter.wsgi:app"],
-                    self.arbiter_env)
-
-    def _start_worker(self, wid: str) -> None:
-        self._spawn(wid, [sys.executable, "-m", "worker.main", "--config", str(self.base / wid / "worker.toml")], {})
-
-    def supervise(self) -> None:
-        """Restart what died (the lab's stand-in for supervisor/systemd); with --chaos, kill things first."""
-        if self.chaos and random.random() < 0.08:
-            victim = random.choice(list(self.procs))
-            os.killpg(self.procs[victim].pid, signal.SIGKILL)
-            self.kills += 1
-        for name, proc in list(self.procs.items()):
-            if proc.poll() is not None:
-                self._start_arbiter() if name == "arbiter" else self._start_worker(name)
+    def unleash_chaos(self) -> None:
+        """kill -9 a random program's whole process group now and then; supervisord restarts it."""
+        if not (self.chaos and random.random() < 0.08):
+            return
+        victim = random.choice(self.programs)
+        pid = self._supervisorctl("pid", victim).stdout.strip()
+        if pid.isdigit() and int(pid) > 0:
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+                self.kills += 1
+            except ProcessLookupError:
+                pass
 
     def progress(self, conn) -> tuple[dict, dict]:
         counts = dict(conn.execute("SELECT status, count(*) FROM submissions GROUP BY 1").fetchall())
@@ -144,17 +166,12 @@ class Lab:
         return counts, per_worker
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        if self.supervisord is not None and self.supervisord.poll() is None:
+            self._supervisorctl("shutdown")  # stops every program (SIGTERM, then SIGKILL to its group)
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
+                self.supervisord.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(self.supervisord.pid, signal.SIGKILL)
         if self.cluster is not None:
             self.cluster.stop("fast")
         shutil.rmtree(getattr(self, "work", "/nonexistent"), ignore_errors=True)
@@ -197,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 if time.monotonic() - started > args.timeout:
                     print("\nlab: timed out", file=sys.stderr)
                     return 1
-                lab.supervise()
+                lab.unleash_chaos()
                 time.sleep(0.5)
             print()
             rows = conn.execute("SELECT s.id, p.slug, s.language, s.status, s.worker_id, s.judge_attempts, "

@@ -1,0 +1,43 @@
+"""README command one: the local lab judges every sample with the right verdict, also under --chaos."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def lab_dir():
+    # Not pytest's tmp_path: its parents are mode 0700, and the postgres user must reach the cluster.
+    path = Path(tempfile.mkdtemp(prefix="judge-lab-test-", dir="/tmp")) / "lab"
+    path.parent.chmod(0o711)
+    yield path
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def run_lab(lab_dir, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "arbiter.lab", "--dir", str(lab_dir), *args],
+                            capture_output=True, text=True, timeout=600)
+    # Nothing it started keeps running: supervisord and every program are gone.
+    left = subprocess.run(["pgrep", "-f", str(lab_dir)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"the lab left processes running: {left}"
+    return result
+
+
+def test_lab_judges_every_sample_correctly_under_supervisord(lab_dir):
+    result = run_lab(lab_dir, "--copies", "1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "11 submissions, 11 with the expected verdict, 0 judged more than once, 0 lost" in result.stdout
+    conf = (lab_dir / "supervisord.conf").read_text()
+    assert all(f"[program:{p}]" in conf for p in ("arbiter", "home-1", "home-2", "prod-1"))
+
+
+def test_lab_chaos_kills_programs_and_loses_nothing(lab_dir):
+    result = run_lab(lab_dir, "--copies", "3", "--chaos")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "33 submissions, 33 with the expected verdict, 0 judged more than once, 0 lost" in result.stdout
