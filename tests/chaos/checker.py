@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request"}
 # Slack for comparing this host's wall clock (history) with the database's now(): same machine, same clock.
 CLOCK_SLACK_SECS = 0.05
+# An acquire the worker sent before its fault can stay parked at the arbiter after it (the arbiter only
+# learns that nobody listens when it answers): a lease granted into that void up to the long-poll limit
+# after a worker-side fault is that fault's cost, one unconfirmed period. run.py passes its limit.
+ORPHANED_POLL_SECS = 3.0
 
 
 @dataclass
@@ -155,7 +159,7 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
                 continue
             reclaims += 1
             until = superseded_at if superseded_at is not None else float("inf")
-            if not any(f.started_at <= until and f.ended_at >= granted_at - CLOCK_SLACK_SECS
+            if not any(f.started_at <= until and f.ended_at >= granted_at - ORPHANED_POLL_SECS - CLOCK_SLACK_SECS
                        for f in worker_faults[worker]):
                 unaccounted += 1
                 kind = "system_error from arbiter downtime" if superseded_at is None else "unaccounted reclaim"
