@@ -45,7 +45,7 @@ def check_arbiter_node(arbiter, stage: int) -> None:
     dsn = arbiter.file("/etc/judge-arbiter/dsn")
     assert dsn.mode == 0o600 and dsn.user == "judge-arbiter"
     conf = arbiter.file("/etc/judge-arbiter/arbiter.toml")
-    assert conf.mode == 0o640 and "password" not in conf.content_string
+    assert conf.mode == 0o640 and "password=" not in conf.content_string, "the password lives in dsn only"
     ready = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
         "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5).status)"))
     assert ready.stdout.strip() == "200", ready.stdout + ready.stderr
