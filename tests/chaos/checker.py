@@ -95,7 +95,10 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
             if token_gen.get(token) != (sid, gen):
                 report.add("stale token", f"submission {sid} verdict {verdict} names a token no grant of gen {gen} issued")
                 continue
-            newer = [g for g in grants[sid] if g[0] > gen and g[2] <= at + CLOCK_SLACK_SECS]
+            # Both times are the database's now(), i.e. the start of each transaction. A newer generation can
+            # only be granted once this verdict (and a rejudge) committed, so it starts later; only a newer
+            # grant that started before this verdict's transaction means the verdict was written too late.
+            newer = [g for g in grants[sid] if g[0] > gen and g[2] + CLOCK_SLACK_SECS < at]
             if newer:
                 report.add("stale token", f"submission {sid} verdict by gen {gen} written after gen {newer[0][0]} was granted")
 
