@@ -162,13 +162,18 @@ def cmd_leases_drain(args, conn) -> int:
         time.sleep(1.0)
 
 
-def cmd_worker_add(args, conn) -> int:
-    if not credentials.WORKER_ID.match(args.worker_id):
-        raise CtlError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
-    languages = sorted(set(args.languages.split(",")))
+def _languages(arg: str) -> list[str]:
+    languages = sorted(set(arg.split(",")))
     unknown = set(languages) - leases.LANGUAGES
     if unknown:
         raise CtlError(f"unknown language(s): {', '.join(sorted(unknown))}")
+    return languages
+
+
+def cmd_worker_add(args, conn) -> int:
+    if not credentials.WORKER_ID.match(args.worker_id):
+        raise CtlError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
+    languages = _languages(args.languages)
     secret = credentials.new_secret()
     try:
         conn.execute(OPS.add_worker, {"worker_id": args.worker_id, "kind": args.kind, "languages": languages,
@@ -195,11 +200,12 @@ def cmd_worker_ensure(args, conn) -> int:
     digest = credentials.hash_secret(parsed[1])
     row = conn.execute(OPS.find_worker_secret, {"worker_id": args.worker_id}).fetchone()
     values = {"worker_id": args.worker_id, "kind": args.kind, "secret_sha256": digest,
-              "languages": sorted(set(args.languages.split(",")))}
+              "languages": _languages(args.languages)}
     if row is None:
         conn.execute(OPS.add_worker, values)
         outcome = "created"
-    elif credentials.digest_matches(digest, row[0]) and not row[1] and row[2] == args.kind:
+    elif (credentials.digest_matches(digest, row[0]) and not row[1] and row[2] == args.kind
+          and sorted(row[3]) == values["languages"]):
         outcome = "unchanged"
     else:
         conn.execute(OPS.set_worker_secret, values)

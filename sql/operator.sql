@@ -47,10 +47,10 @@ ORDER BY w.kind, w.worker_id;
 SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT NULL;
 
 -- name: find_worker_secret
-SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind FROM workers WHERE worker_id = %(worker_id)s;
+SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind, languages FROM workers WHERE worker_id = %(worker_id)s;
 
 -- name: set_worker_secret
-UPDATE workers SET secret_sha256 = %(secret_sha256)s, kind = %(kind)s, revoked_at = NULL
+UPDATE workers SET secret_sha256 = %(secret_sha256)s, kind = %(kind)s, languages = %(languages)s, revoked_at = NULL
 WHERE worker_id = %(worker_id)s;
 
 -- name: worker_took_work_since
