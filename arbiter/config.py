@@ -40,6 +40,10 @@ class ArbiterSettings:
     leader_lock_key: int = 0x4A554447  # "JUDG"
     ready_max_round_age_secs: float = 5.0
     stuck_alert_secs: float = 30.0
+    # Stages 1-3: the legacy yield rules. A legacy node counts as idle if it polled this recently
+    # (the legacy workers' own rule), and work waits for a legacy worker's turn this long at most.
+    legacy_fresh_secs: float = 5.0
+    legacy_yield_secs: float = 2.0
     db_timeout_secs: float = 3.0
     credential_cache_secs: float = 5.0
     instance_name: str = ""
@@ -96,10 +100,12 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
                 "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs", "stuck_alert_secs",
-                "db_timeout_secs", "max_attempts", "max_parked", "reserved_threads", "max_body_bytes"]
+                "db_timeout_secs", "max_attempts", "max_parked", "reserved_threads", "max_body_bytes", "legacy_fresh_secs"]
     for key in positive:
         if getattr(settings, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0")
+    if settings.legacy_yield_secs < 0:
+        raise ConfigError("config key 'legacy_yield_secs' must be >= 0 (0: never wait for a legacy worker's turn)")
     if settings.unconfirmed_secs > settings.lease_secs:
         raise ConfigError("unconfirmed_secs must not exceed lease_secs")
     return settings

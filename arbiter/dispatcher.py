@@ -236,10 +236,18 @@ class Dispatcher:
                     "worker_ids": [t.worker.worker_id for t in tickets],
                     "kinds": [t.worker.kind for t in tickets]})
             if tickets and claimable:
+                legacy = leases.LegacyRules(
+                    tuple(sorted({t.worker.worker_id for t in tickets})),
+                    self.settings.legacy_fresh_secs, self.settings.legacy_yield_secs) if self.legacy_compat else None
                 for ticket in self._fairness_order(tickets):
                     if not claimable.intersection(ticket.languages):
                         continue
-                    lease = self._match(conn, ticket)
+                    try:
+                        lease = self._match(conn, ticket, legacy)
+                    except leases.LegacyTurn:
+                        # A legacy worker's turn: the work stays pending for it (for legacy.yield_secs at most).
+                        METRICS.inc("arbiter_legacy_turns_total", kind=ticket.worker.kind)
+                        continue
                     if lease is None:
                         claimable.difference_update(ticket.languages)
                     if not claimable:
@@ -249,7 +257,7 @@ class Dispatcher:
         self.rounds += 1
         METRICS.inc("arbiter_dispatch_rounds_total")
 
-    def _match(self, conn: psycopg.Connection, ticket: Ticket) -> leases.Lease | None:
+    def _match(self, conn: psycopg.Connection, ticket: Ticket, legacy: leases.LegacyRules | None) -> leases.Lease | None:
         with self._lock:
             if ticket.state != "parked":
                 return None
@@ -263,7 +271,7 @@ class Dispatcher:
                 request_id=ticket.request_id,
                 languages=list(ticket.languages),
                 unconfirmed_secs=self.settings.unconfirmed_secs,
-                honour_legacy_lock=self.legacy_compat,
+                legacy=legacy,
                 before_commit=faults.before_commit_hook(),
             )
             if lease is not None:

@@ -121,6 +121,24 @@ def submit(conn: psycopg.Connection, user_id: int, problem_id: int, language: st
     return row[0]
 
 
+@dataclass(frozen=True)
+class LegacyRules:
+    """The legacy scheme's yield rules, honoured by the arbiter while judge_dispatch_state exists.
+
+    ``arbiter_workers`` are the workers parked here (the arbiter orders those itself; only legacy
+    workers are yielded to); ``fresh_secs`` is how recent a legacy node's poll must be to count as
+    idle (the legacy workers' own rule); ``yield_secs`` bounds how long work waits for a legacy turn.
+    """
+
+    arbiter_workers: tuple[str, ...]
+    fresh_secs: float = 5.0
+    yield_secs: float = 2.0
+
+
+class LegacyTurn(Exception):
+    """By the legacy yield rules a legacy worker goes first; this worker waits for a later round."""
+
+
 def find_grant(conn: psycopg.Connection, worker_id: str, request_id: str) -> tuple[GrantState, Lease] | None:
     """The lease an earlier acquire with this request_id got (idempotent acquire)."""
     with conn.cursor(row_factory=dict_row) as cur:
@@ -138,17 +156,24 @@ def acquire(
     request_id: str,
     languages: list[str],
     unconfirmed_secs: float,
-    honour_legacy_lock: bool,
+    legacy: LegacyRules | None,
     before_commit=None,
 ) -> Lease | None:
     """pending -> judging for the oldest claimable submission, or None when there is none.
 
+    With ``legacy`` (stages 1-3) the legacy global lock is taken first and its yield rules are
+    honoured: :class:`LegacyTurn` is raised when a legacy worker goes first.
     ``before_commit`` is a test hook called inside the transaction after the
     write (fault injection for "crash before COMMIT").
     """
     with conn.transaction():
-        if honour_legacy_lock:
-            conn.execute(Q.legacy_take_global_lock)
+        if legacy is not None:
+            rr_last_home = conn.execute(Q.legacy_take_global_lock).fetchone()[0]
+            if conn.execute(Q.legacy_turn_is_elsewhere, {
+                    "kind": kind, "rr_last_home": rr_last_home, "arbiter_workers": list(legacy.arbiter_workers),
+                    "languages": list(languages), "fresh_secs": legacy.fresh_secs,
+                    "yield_secs": legacy.yield_secs}).fetchone()[0]:
+                raise LegacyTurn(worker_id)
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
                 Q.acquire_lease,
@@ -161,7 +186,7 @@ def acquire(
             ).fetchone()
         if row is None:
             return None
-        if honour_legacy_lock:
+        if legacy is not None:
             conn.execute(Q.legacy_note_claim, {"worker_id": worker_id, "kind": kind})
         if before_commit is not None:
             before_commit()

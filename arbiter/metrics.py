@@ -11,6 +11,7 @@ _HELP = {
     "arbiter_leases_granted_total": ("counter", "Leases granted, by worker kind"),
     "arbiter_leases_reclaimed_total": ("counter", "Expired leases reclaimed, by outcome"),
     "arbiter_grace_periods_total": ("counter", "Grace periods granted"),
+    "arbiter_legacy_turns_total": ("counter", "Matches deferred to a legacy worker's turn (stages 1-3)"),
     "arbiter_requests_total": ("counter", "HTTP requests answered, by route and status"),
     "arbiter_results_total": ("counter", "Results received, by outcome"),
     "arbiter_heartbeats_total": ("counter", "Heartbeats received, by outcome"),

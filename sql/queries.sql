@@ -188,6 +188,33 @@ SELECT to_regclass('judge_dispatch_state') IS NOT NULL AS present;
 -- The legacy global lock, honoured by the arbiter while the legacy scheme coexists (stages 2-3).
 SELECT rr_last_home FROM judge_dispatch_state WHERE id = 1 FOR UPDATE;
 
+-- name: legacy_turn_is_elsewhere
+-- read, under the legacy global lock: must this parked arbiter worker let a legacy worker go first?
+-- The legacy yield rules (production yields while a home worker is idle; home workers take turns by
+-- the round-robin pointer), where only legacy workers are yielded to: the arbiter orders its own
+-- parked workers itself. Only while the oldest work this worker could take is younger than
+-- yield_secs, so a legacy worker that does not take it delays it by that much at most.
+WITH idle_homes AS (
+    SELECT worker_id FROM judge_nodes
+    WHERE kind = 'home' AND idle AND last_seen > now() - make_interval(secs => %(fresh_secs)s)
+), next_home AS (
+    SELECT coalesce(
+        (SELECT min(worker_id) FROM idle_homes
+         WHERE %(rr_last_home)s::text IS NULL OR worker_id > %(rr_last_home)s::text),
+        (SELECT min(worker_id) FROM idle_homes)) AS worker_id
+), legacy_idle AS (
+    SELECT worker_id FROM idle_homes WHERE NOT worker_id = ANY(%(arbiter_workers)s::text[])
+), oldest_claimable AS (
+    SELECT created_at FROM submissions
+    WHERE status = 'pending' AND language = ANY(%(languages)s::text[])
+    ORDER BY id LIMIT 1
+)
+SELECT CASE WHEN %(kind)s = 'production' THEN EXISTS (SELECT 1 FROM legacy_idle)
+            ELSE EXISTS (SELECT 1 FROM legacy_idle WHERE worker_id = (SELECT worker_id FROM next_home))
+       END
+   AND coalesce((SELECT created_at > now() - make_interval(secs => %(yield_secs)s) FROM oldest_claimable),
+                false) AS yield_turn;
+
 -- name: legacy_note_claim
 -- Keep the shared round-robin row and the node table as legacy workers expect them.
 WITH node AS (

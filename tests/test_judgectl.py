@@ -61,7 +61,7 @@ def test_submit_status_rejudge(db, tmp_path):
     with db.connect() as conn:
         conn.execute("INSERT INTO workers (worker_id, kind, secret_sha256) VALUES ('w', 'home', 'x')")
         lease = leases.acquire(conn, worker_id="w", kind="home", request_id="r1", languages=["python3"],
-                               unconfirmed_secs=10, honour_legacy_lock=False)
+                               unconfirmed_secs=10, legacy=None)
         leases.record_result(conn, worker_id="w", submission_id=sid, lease_token=lease.lease_token, verdict="WA")
     ok = judgectl(db, "rejudge", str(sid))
     assert ok.returncode == 0 and f"{sid} pending (lease_gen 2)" in ok.stdout

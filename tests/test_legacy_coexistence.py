@@ -61,6 +61,41 @@ def test_legacy_and_arbiter_workers_never_claim_the_same_submission(make_db, arb
         assert errors == [], errors
 
 
+def test_legacy_home_worker_keeps_its_turns_beside_a_parked_arbiter_worker(make_db, arbiters, workers, tmp_path):
+    """Stage 2 under a trickle of work: the arbiter's parked home worker is always first to know of
+    new work, yet the legacy home worker still gets every other submission by the round-robin pointer
+    (the gate of a rollback to stage 2 waits for exactly that)."""
+    db = make_db("stage1")
+    with db.connect() as conn:
+        problem = seed_problem(conn)
+        user = seed_user(conn)
+        cred = add_worker(conn, "home-1")
+    testdata = tmp_path / "testdata"
+    write_testdata(testdata, problem, APLUSB_TESTS)
+    a = arbiters.start(db.dsn)
+    procs = [
+        workers("home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=cred, **FAST),
+        workers("home-2", "home", "direct", testdata, dsn=legacy_login(db, "home-2"), **FAST),
+    ]
+    for p in procs:
+        p.start()
+    with db.connect() as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM judge_nodes WHERE idle").fetchone()[0] == 2,
+                 60, interval=0.2, what="both home workers idle")
+        sids = []
+        for _ in range(24):  # one at a time, each judged before the next arrives
+            sids.append(leases.submit(conn, user, problem, "python3", PROGRAMS["python3"]["AC"]))
+            wait_for(lambda: conn.execute("SELECT status FROM submissions WHERE id = %s",
+                                          (sids[-1],)).fetchone()[0] == "AC", 30, interval=0.05, what="judged")
+            wait_for(lambda: conn.execute("SELECT count(*) FROM judge_nodes WHERE idle").fetchone()[0] == 2,
+                     10, interval=0.05, what="both idle again")
+        by_worker = dict(conn.execute("SELECT worker_id, count(*) FROM submission_judgings GROUP BY 1").fetchall())
+    assert sum(by_worker.values()) == 24
+    # Strict alternation is not promised (a poll can land between the pointer's moves), a fair share is.
+    assert by_worker.get("home-2", 0) >= 8, by_worker
+    assert by_worker.get("home-1", 0) >= 8, by_worker
+
+
 def _direct(dsn, worker_id, kind, tmp_path):
     cfg = WorkerConfig(worker_id=worker_id, kind=kind, transport="direct", outbox_dir=tmp_path / "o",
                        testdata_dir=tmp_path, work_dir=tmp_path / "w", dsn=dsn, sandbox=SandboxConfig())

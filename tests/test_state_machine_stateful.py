@@ -56,7 +56,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def acquire(self, worker):
         request_id = str(uuid.uuid4())
         lease = leases.acquire(self.conn, worker_id=worker, kind="home", request_id=request_id,
-                               languages=["python3"], unconfirmed_secs=10, honour_legacy_lock=False)
+                               languages=["python3"], unconfirmed_secs=10, legacy=None)
         pending = [sid for sid, _ in self._db_statuses() if _ == "pending"]
         if lease is None:
             assert not pending
