@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .sandbox import Limits, RunResult, Sandbox, limits_for_compile
+from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile
 
 log = logging.getLogger("worker.judge")
 
@@ -123,6 +123,10 @@ class Judge:
         if result.exit_code == 0:
             return None
         message = log_path.read_bytes()[:4000].decode("utf-8", "replace")
+        if result.exit_code in (126, 127):
+            # The shell in the sandbox could not execute the compiler (gone, not executable): no
+            # compiler ever says that about a source file.
+            raise SandboxFailure(f"the compiler {spec['compile'][0]} could not be executed: {message.strip()[:300]}")
         if result.wall_timeout or result.signal:
             message += f"\n(compiler stopped: {'time limit' if result.wall_timeout else signal.Signals(result.signal).name})"
         return Verdict("CE", detail={"compiler_output": message})

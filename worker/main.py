@@ -5,6 +5,12 @@ then loop: get an assignment -> keep its lease alive -> judge -> outbox -> deliv
 SIGTERM: finish the submission being judged (its result goes through the
 outbox), take no new work, exit 0. A lease whose heartbeat answers 410 is
 abandoned at once and nothing is reported for it.
+
+A sandbox that fails to start a program is this machine's failure, never a
+verdict: the submission is judged again (a transient shortage passes); if the
+sandbox keeps failing, an arbiter lease is left to expire so that another
+worker judges it (a legacy claim, which nothing would ever reclaim, gets
+system_error), and no new work is taken until the sandbox self-test passes.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from arbiter import logs
 from . import config as config_mod
 from . import faults
 from .backoff import Backoff
-from .judge import Judge, JudgeCancelled
+from .judge import Judge, JudgeCancelled, Verdict
 from .outbox import Outbox
-from .sandbox import Sandbox, SandboxUnavailable
+from .sandbox import Sandbox, SandboxFailure, SandboxUnavailable
 
 log = logging.getLogger("worker")
 
@@ -49,6 +55,9 @@ class Worker:
         self.transport = make_transport(cfg)
         self._fallback = None  # the other transport, for outbox entries written under it
         self.judged = 0
+        self.sandbox_failed = False  # take no work until the self-test passes again
+        self.sandbox_retry_delays = (1.0, 3.0)  # judging again after a sandbox failure
+        self._self_test_backoff = Backoff(cfg.backoff_initial_secs, 60.0)
 
     # -- outbox ---------------------------------------------------------------------
     def _transport_for(self, entry):
@@ -84,8 +93,38 @@ class Worker:
                 self.stopping.wait(backoff.next_delay())
 
     # -- the loop ---------------------------------------------------------------------
+    def sandbox_works(self) -> bool:
+        """After a sandbox failure: does the self-test pass again? (Waits with backoff if not.)"""
+        try:
+            self.sandbox.self_test(self.cfg.work_dir / "selftest")
+        except (SandboxUnavailable, SandboxFailure, OSError) as exc:
+            delay = self._self_test_backoff.next_delay()
+            log.error("sandbox still failing; taking no work", extra={"error": str(exc)[:300],
+                                                                     "retry_in_secs": round(delay, 1)})
+            self.stopping.wait(delay)
+            return False
+        log.info("sandbox works again; taking work")
+        self._self_test_backoff.reset()
+        self.sandbox_failed = False
+        return True
+
+    def judge_despite_sandbox_hiccups(self, job, lost: threading.Event):
+        """Judge; after a SandboxFailure judge again a little later. Raises the last SandboxFailure."""
+        for delay in (*self.sandbox_retry_delays, None):
+            try:
+                return self.judge.judge(job, cancelled=lost)
+            except SandboxFailure as exc:
+                if delay is None:
+                    raise
+                log.warning("sandbox failed; judging again", extra={"submission_id": job.submission_id,
+                                                                    "error": str(exc)[:300], "retry_in_secs": delay})
+                if lost.wait(delay):
+                    raise JudgeCancelled() from exc
+
     def run_once(self) -> bool:
         """One assignment judged and delivered. False when there was nothing to do."""
+        if self.sandbox_failed and not self.sandbox_works():
+            return False
         assignment = self.transport.next_assignment(self.stopping)
         if assignment is None:
             return False
@@ -101,14 +140,21 @@ class Worker:
             if keepalive.lost.is_set():
                 return True
             try:
-                verdict = self.judge.judge(job, cancelled=keepalive.lost)
+                verdict = self.judge_despite_sandbox_hiccups(job, keepalive.lost)
             except JudgeCancelled:
                 log.warning("judging abandoned: lease lost", extra={"submission_id": job.submission_id})
                 return True
+            except SandboxFailure as exc:
+                self.sandbox_failed = True
+                if assignment.lease_token is not None:
+                    log.error("sandbox keeps failing; leaving the lease to expire so that another worker judges it",
+                              extra={"submission_id": job.submission_id, "error": str(exc)[:300]})
+                    return True
+                log.error("sandbox keeps failing; reporting system_error", extra={
+                    "submission_id": job.submission_id, "error": str(exc)[:300]})
+                verdict = Verdict("system_error", detail={"reason": f"sandbox failure: {exc}"})
             except Exception as exc:  # noqa: BLE001 - a judge bug must not lose the lease silently
                 log.exception("judge failed", extra={"submission_id": job.submission_id})
-                from .judge import Verdict
-
                 verdict = Verdict("system_error", detail={"reason": f"judge error: {type(exc).__name__}"})
         finally:
             keepalive.stop()

@@ -29,6 +29,12 @@ class SandboxUnavailable(RuntimeError):
     """The machine cannot isolate a run (no bwrap, no user namespaces...). Never run unsandboxed."""
 
 
+class SandboxFailure(RuntimeError):
+    """This run's sandbox never started the program (bwrap, setpriv, prlimit or the cgroup failed:
+    a process or namespace limit of the machine, a missing tool). A failure of the machine, never
+    a verdict on the submission."""
+
+
 @dataclass(frozen=True)
 class Limits:
     cpu_ms: int
@@ -106,29 +112,41 @@ class Sandbox:
         cpu_s = max(1, -(-limits.cpu_ms // 1000))
         # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
         rlimits = [f"--cpu={cpu_s + 1}", f"--fsize={limits.output_kb * 1024}",
-                   f"--nofile={limits.max_open_files}", "--core=0", f"--nproc={limits.max_processes}"]
+                   f"--nofile={limits.max_open_files}", "--core=0"]
         group = None
         if self.cgroup_version:
             # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
             group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
                                       limits.max_processes)
         else:
-            rlimits.append(f"--as={limits.memory_kb * 1024}")
+            # RLIMIT_NPROC counts every process of the sandbox uid on the machine, not this run's: other
+            # runs (another worker, a fork bomb being killed) use it up and then setpriv cannot even
+            # exec bwrap. Only without a pids cgroup is it the limit of last resort.
+            rlimits += [f"--as={limits.memory_kb * 1024}", f"--nproc={limits.max_processes}"]
+        # The last step inside the finished sandbox reports on this pipe that it is starting the program:
+        # no report means the sandbox failed (SandboxFailure), whatever the exit status says.
+        # (dash takes single-digit descriptors only: the outer bash moves the pipe to 9 first.)
+        started_r, started_w = os.pipe()
+        launch = 'printf started >&9 && exec "$@" 9>&-'
         # prlimit(1) rather than preexec_fn: no Python runs between fork and exec in this threaded process.
         inner = ["prlimit", *rlimits, "--",
                  "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs",
-                 "--", *self._bwrap_args(box, writable_box), "--", *argv]
-        if group is not None:
-            # The shell moves itself into the cgroup before exec, so nothing escapes it by forking early.
-            script = "".join(f'echo $$ > "{f}" && ' for f in group.procs_files) + 'exec "$@"'
-            inner = ["/bin/sh", "-c", script, "sandbox", *inner]
+                 "--", *self._bwrap_args(box, writable_box), "--", "/bin/sh", "-c", launch, "sandbox", *argv]
+        # The shell moves itself into the cgroup before exec, so nothing escapes it by forking early.
+        script = "".join(f'echo $$ > "{f}" && ' for f in (group.procs_files if group is not None else ()))
+        script += ("" if started_w == 9 else f"exec 9>&{started_w} {started_w}>&- && ") + 'exec "$@"'
+        inner = ["/bin/bash", "-c", script, "sandbox", *inner]
         started = time.monotonic()
         wall_timeout = False
         pump = None
         try:
-            proc = subprocess.Popen(inner, stdin=stdin, stdout=subprocess.PIPE if isinstance(stdout, Path) else stdout,
-                                    stderr=stderr, close_fds=True, start_new_session=True,
-                                    env={"PATH": "/usr/bin:/bin"})
+            try:
+                proc = subprocess.Popen(inner, stdin=stdin,
+                                        stdout=subprocess.PIPE if isinstance(stdout, Path) else stdout,
+                                        stderr=stderr, close_fds=True, pass_fds=(started_w,), start_new_session=True,
+                                        env={"PATH": "/usr/bin:/bin"})
+            finally:
+                os.close(started_w)
             if isinstance(stdout, Path):
                 pump = _OutputPump(proc.stdout, stdout, limits.output_kb * 1024)
             deadline = started + limits.wall_ms / 1000
@@ -154,10 +172,20 @@ class Sandbox:
                 pump.finish()
             oom = group.oom_killed() if group is not None else False
             peak_kb = group.peak_kb() if group is not None else None
+            os.set_blocking(started_r, False)
+            try:
+                program_started = os.read(started_r, 16) == b"started"
+            except BlockingIOError:
+                program_started = False
         finally:
+            os.close(started_r)
             if group is not None:
                 group.remove()
         code = os.waitstatus_to_exitcode(status)
+        if not program_started and not (cancelled is not None and cancelled.is_set()):
+            raise SandboxFailure(f"the sandbox did not start the program (exit status {code}"
+                                 f"{', killed at the wall-clock limit' if wall_timeout else ''}); "
+                                 "its own message is in the run's stderr")
         sig = -code if code < 0 else None
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) > 128 and not os.WIFSIGNALED(status):
             # bwrap reports the sandboxed program's death by signal N as exit 128+N.
