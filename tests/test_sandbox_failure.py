@@ -159,3 +159,20 @@ def test_legacy_worker_reports_system_error_with_the_reason(site):
     assert (worker_id, verdict) == ("home-2", "system_error")
     detail = detail if isinstance(detail, dict) else json.loads(detail)
     assert "sandbox failure" in detail["reason"]
+
+
+def test_check_config_names_the_sandbox_failure(site):
+    import sys
+
+    from procs import WorkerProcess
+
+    w = WorkerProcess(site["testdata"].parent, "home-9", "home", "direct", site["testdata"], dsn=site["db"].dsn)
+    with SandboxOutage():
+        broken = subprocess.run([sys.executable, "-m", "worker.main", "--config", str(w.config), "--check-config"],
+                                capture_output=True, text=True, timeout=60)
+    assert broken.returncode == 3, broken.stderr
+    assert "sandbox self-test failed" in broken.stderr and "Resource temporarily unavailable" in broken.stderr
+    assert "Traceback" not in broken.stderr
+    fine = subprocess.run([sys.executable, "-m", "worker.main", "--config", str(w.config), "--check-config"],
+                          capture_output=True, text=True, timeout=60)
+    assert fine.returncode == 0, fine.stderr

@@ -79,12 +79,18 @@ class Sandbox:
                                          f"uid {self.uid}: put work_dir below directories with o+x")
         os.chown(scratch, self.uid, self.gid)
         out, err = scratch.parent / "selftest.out", scratch.parent / "selftest.err"
+        failure = None
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            result = self.run(["/bin/sh", "-c", "id -u"], box=scratch, stdin=subprocess.DEVNULL, stdout=stdout,
-                              stderr=stderr, limits=Limits(cpu_ms=2000, wall_ms=10000, memory_kb=262144))
+            try:
+                result = self.run(["/bin/sh", "-c", "id -u"], box=scratch, stdin=subprocess.DEVNULL, stdout=stdout,
+                                  stderr=stderr, limits=Limits(cpu_ms=2000, wall_ms=10000, memory_kb=262144))
+            except SandboxFailure as exc:
+                failure = exc
         text, problem = out.read_text().strip(), err.read_text(errors="replace").strip()[:300]
         out.unlink()
         err.unlink()
+        if failure is not None:
+            raise SandboxUnavailable(f"sandbox self-test failed: {failure}: {problem}")
         if result.exit_code != 0 or text != str(self.uid):
             raise SandboxUnavailable(f"sandbox self-test failed (exit {result.exit_code}, uid {text!r}): {problem}; "
                                      "check that bubblewrap works and unprivileged user namespaces are enabled")
