@@ -54,9 +54,16 @@ class RunCgroup:
                 parent = ROOT / controller / PARENT
                 parent.mkdir(exist_ok=True)
                 self.dirs.append(parent / name)
-        for directory in self.dirs:
-            directory.mkdir()
-        if version == "v2":
+        try:
+            for directory in self.dirs:
+                directory.mkdir()
+            self._set_limits(memory_bytes, max_pids)
+        except OSError:
+            self.remove()  # nothing half-made stays behind
+            raise
+
+    def _set_limits(self, memory_bytes: int, max_pids: int) -> None:
+        if self.version == "v2":
             d = self.dirs[0]
             (d / "memory.max").write_text(str(memory_bytes))
             try:

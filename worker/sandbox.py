@@ -122,8 +122,11 @@ class Sandbox:
         group = None
         if self.cgroup_version:
             # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
-            group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
-                                      limits.max_processes)
+            try:
+                group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
+                                          limits.max_processes)
+            except OSError as exc:
+                raise SandboxFailure(f"cannot set up the run's cgroup: {exc}") from exc
         else:
             # RLIMIT_NPROC counts every process of the sandbox uid on the machine, not this run's: other
             # runs (another worker, a fork bomb being killed) use it up and then setpriv cannot even
@@ -151,6 +154,8 @@ class Sandbox:
                                         stdout=subprocess.PIPE if isinstance(stdout, Path) else stdout,
                                         stderr=stderr, close_fds=True, pass_fds=(started_w,), start_new_session=True,
                                         env={"PATH": "/usr/bin:/bin"})
+            except OSError as exc:  # fork or exec of the first step failed: out of processes or memory
+                raise SandboxFailure(f"cannot start the sandbox: {exc}") from exc
             finally:
                 os.close(started_w)
             if isinstance(stdout, Path):
