@@ -4,8 +4,9 @@ Isolation: new user, PID, network, IPC and UTS namespaces (no network at all), a
 of the system directories the toolchains need, the run's box directory (read-write only while
 compiling), a private tmpfs /tmp, no /home, no /etc beyond the dynamic loader cache, and
 --die-with-parent. Limits: CPU time (RLIMIT_CPU), output size (RLIMIT_FSIZE), open files, no
-core dumps, process count (cgroup pids.max and RLIMIT_NPROC), memory (cgroup memory limit,
-or RLIMIT_AS when no cgroup is writable), and a wall-clock timer in the parent.
+core dumps, process count (cgroup pids.max, or RLIMIT_NPROC when no cgroup is writable), memory
+(cgroup memory limit, or RLIMIT_AS), and a wall-clock timer in the parent. A sandbox that fails
+to start the program raises SandboxFailure: the machine's failure is never a verdict.
 """
 
 from __future__ import annotations
