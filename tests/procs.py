@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from arbiter import credentials
@@ -152,6 +153,28 @@ def write_testdata(root: Path, problem_id: int, cases: list[tuple[str, str]]) ->
         (directory / f"{index}.in").write_text(given)
         (directory / f"{index}.out").write_text(expected)
     return directory
+
+
+@dataclass(frozen=True)
+class AplusbSite:
+    problem: int
+    user: int
+    cred: str  # home-1's arbiter credential
+    testdata: Path
+
+
+def aplusb_site(db, tmp_path: Path) -> AplusbSite:
+    """The usual start of a worker test: the A+B problem, a user, home-1's credential, test data on disk."""
+    from fixtures_data import seed_problem, seed_user
+    from programs import APLUSB_TESTS
+
+    with db.connect() as conn:
+        problem = seed_problem(conn)
+        user = seed_user(conn)
+        cred = add_worker(conn, "home-1")
+    testdata = Path(tmp_path) / "testdata"
+    write_testdata(testdata, problem, APLUSB_TESTS)
+    return AplusbSite(problem, user, cred, testdata)
 
 
 class WorkerProcess:

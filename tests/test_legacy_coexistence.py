@@ -9,8 +9,8 @@ import psycopg
 
 from arbiter import leases
 from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from procs import aplusb_site, wait_for
+from programs import PROGRAMS
 from worker.config import SandboxConfig, WorkerConfig
 from worker.transport_direct import DirectTransport
 
@@ -28,23 +28,28 @@ def legacy_login(db, name: str) -> str:
     return db.dsn.replace("user=postgres", f"user={role}")
 
 
-def test_legacy_and_arbiter_workers_never_claim_the_same_submission(make_db, arbiters, workers, tmp_path):
-    db = make_db("stage1")
-    with db.connect() as conn:
-        problem = seed_problem(conn)
-        user = seed_user(conn)
-        cred = add_worker(conn, "home-1")
-        sids = [leases.submit(conn, user, problem, "python3", PROGRAMS["python3"]["AC"]) for _ in range(45)]
-    testdata = tmp_path / "testdata"
-    write_testdata(testdata, problem, APLUSB_TESTS)
+def start_stage2_workers(db, site, arbiters, workers, with_production: bool) -> list:
+    """Stage 2: home-1 on an arbiter, home-2 (and prod-1) on their legacy database accounts."""
     a = arbiters.start(db.dsn)
     procs = [
-        workers("home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=cred, **FAST),
-        workers("home-2", "home", "direct", testdata, dsn=legacy_login(db, "home-2"), **FAST),
-        workers("prod-1", "production", "direct", testdata, dsn=legacy_login(db, "prod-1"), **FAST),
+        workers("home-1", "home", "arbiter", site.testdata, arbiter_urls=[a.url], credential=site.cred, **FAST),
+        workers("home-2", "home", "direct", site.testdata, dsn=legacy_login(db, "home-2"), **FAST),
     ]
+    if with_production:
+        procs.append(workers("prod-1", "production", "direct", site.testdata, dsn=legacy_login(db, "prod-1"),
+                             **FAST))
     for p in procs:
         p.start()
+    return procs
+
+
+def test_legacy_and_arbiter_workers_never_claim_the_same_submission(make_db, arbiters, workers, tmp_path):
+    db = make_db("stage1")
+    site = aplusb_site(db, tmp_path)
+    with db.connect() as conn:
+        sids = [leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["AC"])
+                for _ in range(45)]
+    procs = start_stage2_workers(db, site, arbiters, workers, with_production=True)
     with db.connect() as conn:
         wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status = 'AC'").fetchone()[0] == 45,
                  180, interval=0.5, what="all judged")
@@ -66,19 +71,9 @@ def test_legacy_home_worker_keeps_its_turns_beside_a_parked_arbiter_worker(make_
     new work, yet the legacy home worker still gets every other submission by the round-robin pointer
     (the gate of a rollback to stage 2 waits for exactly that)."""
     db = make_db("stage1")
-    with db.connect() as conn:
-        problem = seed_problem(conn)
-        user = seed_user(conn)
-        cred = add_worker(conn, "home-1")
-    testdata = tmp_path / "testdata"
-    write_testdata(testdata, problem, APLUSB_TESTS)
-    a = arbiters.start(db.dsn)
-    procs = [
-        workers("home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=cred, **FAST),
-        workers("home-2", "home", "direct", testdata, dsn=legacy_login(db, "home-2"), **FAST),
-    ]
-    for p in procs:
-        p.start()
+    site = aplusb_site(db, tmp_path)
+    user, problem = site.user, site.problem
+    start_stage2_workers(db, site, arbiters, workers, with_production=False)
     with db.connect() as conn:
         wait_for(lambda: conn.execute("SELECT count(*) FROM judge_nodes WHERE idle").fetchone()[0] == 2,
                  60, interval=0.2, what="both home workers idle")

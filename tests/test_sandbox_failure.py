@@ -14,8 +14,7 @@ import subprocess
 import pytest
 
 from arbiter import leases
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, sandbox_work_dir, wait_for, write_testdata
+from procs import aplusb_site, sandbox_work_dir, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
 from sandbox_faults import SandboxOutage
 from worker import cgroups
@@ -81,16 +80,11 @@ def test_other_processes_of_the_sandbox_uid_do_not_starve_a_run(judge):
 @pytest.fixture
 def site(make_db, arbiters, workers, tmp_path):
     db = make_db("stage1")
-    with db.connect() as conn:
-        problem = seed_problem(conn)
-        user = seed_user(conn)
-        cred = add_worker(conn, "home-1")
-    testdata = tmp_path / "testdata"
-    write_testdata(testdata, problem, APLUSB_TESTS)
+    aplusb = aplusb_site(db, tmp_path)
 
     def submit():
         with db.connect() as conn:
-            return leases.submit(conn, user, problem, "python3", PROGRAMS["python3"]["AC"])
+            return leases.submit(conn, aplusb.user, aplusb.problem, "python3", PROGRAMS["python3"]["AC"])
 
     def row(sid):
         with db.connect() as conn:
@@ -101,8 +95,8 @@ def site(make_db, arbiters, workers, tmp_path):
             return conn.execute("SELECT worker_id, verdict, detail FROM submission_judgings "
                                 "WHERE submission_id = %s ORDER BY id", (sid,)).fetchall()
 
-    return dict(db=db, arbiters=arbiters, workers=workers, testdata=testdata, cred=cred, submit=submit, row=row,
-                judgings=judgings)
+    return dict(db=db, arbiters=arbiters, workers=workers, testdata=aplusb.testdata, cred=aplusb.cred, submit=submit,
+                row=row, judgings=judgings)
 
 
 def arbiter_worker(site):

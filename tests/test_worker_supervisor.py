@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 from arbiter import leases
-from fixtures_data import seed_problem, seed_user
-from procs import WorkerProcess, add_worker, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from procs import WorkerProcess, aplusb_site, wait_for
+from programs import PROGRAMS
 
 BIN = Path(sys.executable).parent
 
@@ -23,12 +22,8 @@ def ctl(conf, *args):
 
 
 def test_worker_under_supervisord(db, arbiters, tmp_path):
-    with db.connect() as conn:
-        problem = seed_problem(conn)
-        user = seed_user(conn)
-        cred = add_worker(conn, "home-1")
-    testdata = tmp_path / "testdata"
-    write_testdata(testdata, problem, APLUSB_TESTS)
+    site = aplusb_site(db, tmp_path)
+    problem, user, cred, testdata = site.problem, site.user, site.cred, site.testdata
     a = arbiters.start(db.dsn)
     spec = WorkerProcess(tmp_path, "home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=cred,
                          heartbeat_interval_secs=1.0, long_poll_secs=2.0, backoff_initial_secs=0.2,
