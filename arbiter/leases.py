@@ -131,8 +131,8 @@ class LegacyRules:
     """
 
     arbiter_workers: tuple[str, ...]
-    fresh_secs: float = 5.0
-    yield_secs: float = 2.0
+    fresh_secs: float  # ArbiterSettings.legacy_fresh_secs
+    yield_secs: float  # ArbiterSettings.legacy_yield_secs
 
 
 class LegacyTurn(Exception):

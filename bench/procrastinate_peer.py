@@ -6,9 +6,11 @@ The app lives in this module, as Procrastinate asks (not in the __main__ module)
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import procrastinate
+from psycopg.conninfo import conninfo_to_dict
 
 _started: dict[int, float] = {}
 _done = asyncio.Event()
@@ -23,17 +25,11 @@ async def ping(n: int) -> None:
 
 async def measure(dsn: str, samples: int) -> list[float]:
     # The connector was made with an empty conninfo: libpq takes the server from the PG* variables.
-    import os
-
-    from psycopg.conninfo import conninfo_to_dict
-
     for key, value in conninfo_to_dict(dsn).items():
         os.environ[f"PG{key.upper()}" if key != "dbname" else "PGDATABASE"] = str(value)
-    connected = app
-    async with connected.open_async():
-        await connected.schema_manager.apply_schema_async()
-        worker = asyncio.create_task(connected.run_worker_async(concurrency=1, wait=True,
-                                                                install_signal_handlers=False))
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        worker = asyncio.create_task(app.run_worker_async(concurrency=1, wait=True, install_signal_handlers=False))
         await asyncio.sleep(1.5)
         out = []
         for n in range(samples):

@@ -21,8 +21,8 @@ import asyncio
 import json
 import os
 import platform
+import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,18 +32,18 @@ import uuid
 from pathlib import Path
 
 import psycopg
-import random
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from arbiter import credentials, devcluster, migrations  # noqa: E402
-from arbiter.sqlfiles import legacy_statements  # noqa: E402
+from arbiter.sqlfiles import Statements  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.http_client import ArbiterClient, Unreachable  # noqa: E402
+from worker.outbox import Entry  # noqa: E402
 from worker.transport_direct import DirectTransport  # noqa: E402
 
-L = legacy_statements()
+OPS = Statements("operator.sql")
 SOURCE = "print(1)\n"
 
 
@@ -156,10 +156,10 @@ class Arbiter:
 
 
 def register(site: Site, worker_id: str) -> str:
+    """A home worker judging python3, as `judgectl worker add` registers one."""
     secret = credentials.new_secret()
-    site.conn.execute("INSERT INTO workers (worker_id, kind, secret_sha256) VALUES (%s, 'home', %s) "
-                      "ON CONFLICT (worker_id) DO UPDATE SET secret_sha256 = EXCLUDED.secret_sha256",
-                      (worker_id, credentials.hash_secret(secret)))
+    site.conn.execute(OPS.add_worker, {"worker_id": worker_id, "kind": "home", "languages": ["python3"],
+                                       "secret_sha256": credentials.hash_secret(secret)})
     return credentials.format_credential(worker_id, secret)
 
 
@@ -198,24 +198,22 @@ class LegacyWorker(threading.Thread):
     def __init__(self, site: Site, worker_id: str, claims: Claims, stop: threading.Event, poll_secs: float = 1.0):
         super().__init__(daemon=True)
         self.transport = DirectTransport(legacy_config(site, worker_id, poll_secs))
-        self.worker_id, self.claims, self.stop, self.poll_secs = worker_id, claims, stop, poll_secs
+        self.claims, self.stop, self.poll_secs = claims, stop, poll_secs
 
     def run(self) -> None:
         while not self.stop.is_set():
             try:
                 job = self.transport.claim()
             except psycopg.OperationalError:
-                self.transport._drop_connection()
+                self.transport.close()  # the next claim connects again
                 self.stop.wait(0.5)
                 continue
             if job is None:
                 self.stop.wait(self.poll_secs)
                 continue
             self.claims.record(job.submission_id)
-            with self.transport._connection().transaction():
-                self.transport._connection().execute(L.report_result, {
-                    "submission_id": job.submission_id, "worker_id": self.worker_id, "verdict": "AC",
-                    "time_ms": 1, "memory_kb": 1, "detail": "{}"})
+            self.transport.deliver(Entry(transport="direct", submission_id=job.submission_id, verdict="AC",
+                                         time_ms=1, memory_kb=1))
         self.transport.close()
 
 

@@ -155,6 +155,16 @@ def write_testdata(root: Path, problem_id: int, cases: list[tuple[str, str]]) ->
     return directory
 
 
+def direct_transport(dsn: str, worker_id: str, kind: str, tmp_path: Path):
+    """A legacy worker's transport in this process: its claim() is the legacy scheme's claim."""
+    from worker.config import SandboxConfig, WorkerConfig
+    from worker.transport_direct import DirectTransport
+
+    return DirectTransport(WorkerConfig(worker_id=worker_id, kind=kind, transport="direct", outbox_dir=tmp_path / "o",
+                                        testdata_dir=tmp_path, work_dir=tmp_path / "w", dsn=dsn,
+                                        sandbox=SandboxConfig()))
+
+
 @dataclass(frozen=True)
 class AplusbSite:
     problem: int

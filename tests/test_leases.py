@@ -6,8 +6,11 @@ import psycopg
 import pytest
 
 from arbiter import leases
+from arbiter.config import ArbiterSettings
 from arbiter.leases import WriteOutcome
 from fixtures_data import seed_problem, seed_submissions
+
+DEFAULTS = ArbiterSettings()
 
 
 def add_worker(conn, worker_id, kind="home", languages=("c", "cpp", "python3")):
@@ -18,7 +21,8 @@ def add_worker(conn, worker_id, kind="home", languages=("c", "cpp", "python3")):
 def acquire(conn, worker_id="home-1", request_id=None, languages=("python3",), legacy=False, kind="home"):
     return leases.acquire(conn, worker_id=worker_id, kind=kind, request_id=request_id or str(uuid.uuid4()),
                           languages=list(languages), unconfirmed_secs=10,
-                          legacy=leases.LegacyRules((worker_id,)) if legacy else None)
+                          legacy=leases.LegacyRules((worker_id,), DEFAULTS.legacy_fresh_secs,
+                                                    DEFAULTS.legacy_yield_secs) if legacy else None)
 
 
 def expire_now(conn, sid):
@@ -257,8 +261,7 @@ def test_arbiter_takes_turns_with_legacy_home_workers(make_db, tmp_path):
     An arbiter home worker parked all the time must not starve a legacy home worker that polls:
     they alternate by the round-robin pointer, bounded by yield_secs and by the legacy node's freshness.
     """
-    from worker.config import SandboxConfig, WorkerConfig
-    from worker.transport_direct import DirectTransport
+    from procs import direct_transport
 
     db = make_db("stage1")
     with db.connect() as conn:
@@ -266,9 +269,7 @@ def test_arbiter_takes_turns_with_legacy_home_workers(make_db, tmp_path):
         add_worker(conn, "home-1")
         add_worker(conn, "prod-9", kind="production")
         seed_submissions(conn, 8)
-        home2 = DirectTransport(WorkerConfig(
-            worker_id="home-2", kind="home", transport="direct", outbox_dir=tmp_path / "o", testdata_dir=tmp_path,
-            work_dir=tmp_path / "w", dsn=db.dsn, sandbox=SandboxConfig()))
+        home2 = direct_transport(db.dsn, "home-2", "home", tmp_path)
 
         def arbiter_home1():
             conn.execute(leases.Q.legacy_mark_idle, {"worker_ids": ["home-1"], "kinds": ["home"]})

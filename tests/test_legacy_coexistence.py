@@ -9,10 +9,8 @@ import psycopg
 
 from arbiter import leases
 from fixtures_data import seed_problem, seed_user
-from procs import aplusb_site, wait_for
+from procs import aplusb_site, direct_transport, wait_for
 from programs import PROGRAMS
-from worker.config import SandboxConfig, WorkerConfig
-from worker.transport_direct import DirectTransport
 
 FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 2.0,
         "legacy_poll_secs": 0.2}
@@ -91,12 +89,6 @@ def test_legacy_home_worker_keeps_its_turns_beside_a_parked_arbiter_worker(make_
     assert by_worker.get("home-1", 0) >= 8, by_worker
 
 
-def _direct(dsn, worker_id, kind, tmp_path):
-    cfg = WorkerConfig(worker_id=worker_id, kind=kind, transport="direct", outbox_dir=tmp_path / "o",
-                       testdata_dir=tmp_path, work_dir=tmp_path / "w", dsn=dsn, sandbox=SandboxConfig())
-    return DirectTransport(cfg)
-
-
 def test_legacy_yield_rules(make_db, tmp_path):
     db = make_db("stage1")
     with db.connect() as conn:
@@ -104,9 +96,9 @@ def test_legacy_yield_rules(make_db, tmp_path):
         user = seed_user(conn)
         for _ in range(4):
             leases.submit(conn, user, problem, "python3", "print(1)")
-    prod = _direct(db.dsn, "prod-1", "production", tmp_path)
-    home1 = _direct(db.dsn, "home-1", "home", tmp_path)
-    home2 = _direct(db.dsn, "home-2", "home", tmp_path)
+    prod = direct_transport(db.dsn, "prod-1", "production", tmp_path)
+    home1 = direct_transport(db.dsn, "home-1", "home", tmp_path)
+    home2 = direct_transport(db.dsn, "home-2", "home", tmp_path)
     assert home1.claim() is not None  # home-1 announces itself idle and claims
     assert home2.claim() is not None
     # Both home workers idle again: production yields to them.
@@ -128,7 +120,7 @@ def test_legacy_global_lock_stalls_everyone_while_held(make_db, tmp_path):
     with db.connect() as conn:
         problem = seed_problem(conn)
         leases.submit(conn, seed_user(conn), problem, "python3", "print(1)")
-    home = _direct(db.dsn, "home-1", "home", tmp_path)
+    home = direct_transport(db.dsn, "home-1", "home", tmp_path)
     holder = psycopg.connect(db.dsn)
     holder.execute("SELECT * FROM judge_dispatch_state WHERE id = 1 FOR UPDATE")
     got = []

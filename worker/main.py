@@ -97,7 +97,7 @@ class Worker:
         """After a sandbox failure: does the self-test pass again? (Waits with backoff if not.)"""
         try:
             self.sandbox.self_test(self.cfg.work_dir / "selftest")
-        except (SandboxUnavailable, SandboxFailure, OSError) as exc:
+        except (SandboxUnavailable, OSError) as exc:  # self_test reports a SandboxFailure as unavailable
             delay = self._self_test_backoff.next_delay()
             log.error("sandbox still failing; taking no work", extra={"error": str(exc)[:300],
                                                                      "retry_in_secs": round(delay, 1)})

@@ -32,8 +32,7 @@ sys.path.insert(0, str(HERE))
 import psycopg  # noqa: E402
 
 from arbiter import devcluster, leases, migrations  # noqa: E402
-import checker  # noqa: E402
-from checker import Fault, check  # noqa: E402
+from checker import ORPHANED_POLL_SECS, Fault, check  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
 from programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
@@ -43,7 +42,7 @@ ARBITER = {"lease_secs": LEASE_SECS, "unconfirmed_secs": 2.0, "grace_secs": 4.0,
            "db_timeout_secs": 2.0}
 WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
           "backoff_max_secs": 1.5, "request_timeout_secs": 1.5}
-assert checker.ORPHANED_POLL_SECS >= ARBITER["long_poll_max_secs"], "the checker's window must cover a parked poll"
+assert ORPHANED_POLL_SECS >= ARBITER["long_poll_max_secs"], "the checker's window must cover a parked poll"
 WORKER_IDS = {"home-1": "home", "home-2": "home", "home-3": "home", "prod-1": "production"}
 # (language, verdict) mix. "slow" programs take about a second on three tests (sleeping, well inside the
 # wall limit), so most faults find a worker in the middle of judging.
