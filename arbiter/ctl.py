@@ -18,6 +18,9 @@ from . import credentials, dbroles, leases, migrations
 from .sqlfiles import Statements
 
 OPS = Statements("operator.sql")
+# How often the waiting commands (the cutover gate, the lease drain) look again: a gate passes within
+# this much of the moment its condition holds; each look is one small indexed query.
+POLL_SECS = 0.2
 
 
 class CtlError(Exception):
@@ -159,7 +162,7 @@ def cmd_leases_drain(args, conn) -> int:
             return 0
         if time.monotonic() >= deadline:
             raise CtlError(f"{live} arbiter lease(s) still live after {args.wait:.0f}s; run again or wait longer")
-        time.sleep(1.0)
+        time.sleep(POLL_SECS)
 
 
 def _languages(arg: str) -> list[str]:
@@ -232,7 +235,7 @@ def cmd_worker_wait_active(args, conn) -> int:
         if time.monotonic() >= deadline:
             raise CtlError(f"worker {args.worker_id} {what} through transport {args.transport!r} "
                            f"in {args.timeout:.0f}s")
-        time.sleep(1.0)
+        time.sleep(POLL_SECS)
     print(f"worker {args.worker_id} active through {args.transport}")
     return 0
 

@@ -21,6 +21,9 @@ from worker import cgroups
 from worker.judge import Job, Judge
 from worker.sandbox import Limits, Sandbox, SandboxFailure
 
+# Every fault here breaks every sandbox on the machine (tests/sandbox_faults.py): run alone.
+pytestmark = pytest.mark.machine_wide
+
 WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
                "backoff_max_secs": 2.0, "legacy_poll_secs": 0.2}
 

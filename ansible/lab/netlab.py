@@ -1,7 +1,7 @@
 """netlab: the cutover lab -- five hosts on one machine, reached over SSH like real ones.
 
 Each host is a network namespace (its own address on the bridge ``jlab0``) and a
-mount namespace with overlays on /etc, /opt, /var and /run, so what Ansible
+mount namespace with overlays on /etc, /opt, /var and /run and its own /root, so what Ansible
 installs on ``home-1`` lands in that host's own /etc/judge-worker and
 /opt/judge-arbiter and nowhere else. An sshd per host is the only process the
 lab starts there; everything else (supervisord, the arbiter, the workers) is
@@ -104,6 +104,11 @@ class Lab:
             upper.mkdir(parents=True)
             work.mkdir(parents=True)
             mounts.append(f"mount -t overlay overlay -o lowerdir=/{top},upperdir={upper},workdir={work} /{top}")
+        # A host's own home for root: not the controller's, whose shell start-up files (pyenv, cargo)
+        # would run on every SSH command, i.e. on every Ansible module run and every testinfra check.
+        home = root / "root"
+        home.mkdir(mode=0o700)
+        mounts.append(f"mount --bind {home} /root")
         config = self.ssh / f"sshd_{host}"
         config.write_text("\n".join([
             f"ListenAddress {address(host)}:22", f"HostKey {self.ssh / 'host_ed25519'}",

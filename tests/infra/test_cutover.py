@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from infra import nodes as node_checks
+from procs import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
@@ -36,6 +37,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("sshd", path="/usr/sbin:/usr/bin") is None, reason="openssh-server missing"),
     pytest.mark.skipif(not (BIN / "ansible-playbook").exists(), reason="ansible-core missing"),
 ]
+
+POLL_SECS = 0.2  # how often the checks below look at the database again
 
 AC = "a, b = map(int, input().split())\nprint(a + b)\n"
 WA = "a, b = map(int, input().split())\nprint(a * b)\n"
@@ -142,7 +145,7 @@ def settled(lab: Lab, flow: Flow, timeout: float = 120) -> dict[str, int]:
             if not open_:
                 break
             assert time.monotonic() < deadline, f"stuck or lost after {timeout}s: {open_[:10]}"
-            time.sleep(1.0)
+            time.sleep(POLL_SECS)
         rows = dict(conn.execute("SELECT id, status FROM submissions WHERE id <= %s", (upto,)).fetchall())
         stage1_schema = conn.execute("SELECT to_regclass('lease_grants') IS NOT NULL").fetchone()[0]
         if stage1_schema:
@@ -151,7 +154,11 @@ def settled(lab: Lab, flow: Flow, timeout: float = 120) -> dict[str, int]:
             assert_each_submission_decided_once_by_its_last_lease(conn, expect_terminal=False)
     wrong = {sid: (rows.get(sid), verdict) for sid, verdict in flow.expected.items()
              if sid <= upto and rows.get(sid) != verdict}
-    assert not wrong, f"lost or misjudged (status, expected): {dict(list(wrong.items())[:10])}"
+    if wrong:
+        with lab.connect() as conn:  # what the workers said, for the failure message
+            said = conn.execute("SELECT submission_id, worker_id, verdict, detail::text FROM submission_judgings "
+                                "WHERE submission_id = ANY(%s) ORDER BY id", (sorted(wrong)[:10],)).fetchall()
+        assert not wrong, f"lost or misjudged (status, expected): {dict(list(wrong.items())[:10])}; judgings: {said}"
     counts: dict[str, int] = {}
     for status in rows.values():
         counts[status] = counts.get(status, 0) + 1
@@ -215,7 +222,7 @@ def test_cutover_stage_by_stage_and_rollback_step_by_step(lab):
         assert_no_change(preview)
         assert_no_change(lab.play("rollback.yml"))
         since = db_now(lab)
-        time.sleep(5)
+        wait_for(lambda: judged_since(lab, since) > 0, 60, POLL_SECS, what="a legacy worker to judge after the rollback")
         counts = settled(lab, flow)
         with lab.connect() as conn:
             # Back on the baseline schema (no lease columns at all), and the legacy workers judge.
