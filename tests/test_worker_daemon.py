@@ -95,6 +95,30 @@ def test_heartbeat_410_abandons_the_judging(lab):
     assert [gen for _, gen in lab["history"](sid)] == [2]
 
 
+def _parked(arbiter) -> float:
+    status, text = arbiter.get("/metrics")
+    assert status == 200
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("arbiter_parked_requests"))
+
+
+def test_sigterm_cuts_a_parked_long_poll_short_and_work_still_flows(lab):
+    """A stop (every restart, every cutover switch) does not wait for the long-poll to run out."""
+    long_poll = 25.0
+    a = lab["arbiters"].start(lab["db"].dsn, long_poll_max_secs=long_poll, unconfirmed_secs=2.0)
+    w = start_worker(lab, a, long_poll_secs=long_poll)
+    wait_for(lambda: _parked(a) >= 1, 30, what="the worker's acquire to park")
+    stop_asked = time.monotonic()
+    assert w.terminate(60) == 0
+    took = time.monotonic() - stop_asked
+    assert took < long_poll / 2, f"the stop waited {took:.1f}s for the long-poll"
+    assert "worker stopped" in w.log_text()
+    # Whatever the arbiter does with the cut request, the next worker judges the next submission.
+    sid = lab["submit"]("python3")
+    start_worker(lab, a, long_poll_secs=long_poll)
+    wait_for(lambda: lab["status"](sid) == "AC", 60, interval=0.2, what="judged after the restart")
+    assert len(lab["history"](sid)) == 1
+
+
 def test_sigterm_finishes_the_current_submission_then_exits(lab):
     slow = "import time\ntime.sleep(1.5)\na, b = map(int, input().split())\nprint(a + b)\n"
     a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0)

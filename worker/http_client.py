@@ -34,6 +34,9 @@ class ArbiterClient:
         self.timeout = timeout
         self._local = threading.local()
         self._preferred = 0
+        # A parked long-poll ends at once when the worker stops (abort_acquire), not at its deadline.
+        self._acquire_aborted = threading.Event()
+        self._acquire_sock: socket.socket | None = None
 
     def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
         conns = getattr(self._local, "conns", None)
@@ -54,25 +57,57 @@ class ArbiterClient:
         if conn is not None:
             conn.close()
 
-    def _send(self, base, method, path, payload, headers, timeout):
+    def _send(self, base, method, path, payload, headers, timeout, parks: bool = False):
         conn = self._conn(base, timeout)
         reused = conn.sock is not None
         try:
-            conn.request(method, path, body=payload, headers=headers)
-            response = conn.getresponse()
-            return response, response.read()
+            return self._exchange(conn, method, path, payload, headers, parks)
         except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
-            if not reused:
+            if not reused or (parks and self._acquire_aborted.is_set()):
                 raise
         # A kept-alive connection the server had closed: every call of this API is idempotent, so send once more.
         self._drop(base)
         conn = self._conn(base, timeout)
-        conn.request(method, path, body=payload, headers=headers)
-        response = conn.getresponse()
-        return response, response.read()
+        return self._exchange(conn, method, path, payload, headers, parks)
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Reply:
-        """Send to the preferred arbiter; on connection failure or 503 try the others once."""
+    def _exchange(self, conn, method, path, payload, headers, parks: bool):
+        if not parks:
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            return response, response.read()
+        if self._acquire_aborted.is_set():
+            raise Unreachable("stopping: no new acquire")
+        if conn.sock is None:
+            conn.connect()
+        self._acquire_sock = conn.sock
+        try:
+            if self._acquire_aborted.is_set():  # a stop that came while connecting
+                raise Unreachable("stopping: no new acquire")
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            return response, response.read()
+        finally:
+            self._acquire_sock = None
+
+    def abort_acquire(self) -> None:
+        """The worker stops: a parked acquire ends now, and no new one is sent. Safe from a signal handler.
+
+        Shutting the socket down makes the blocked read return at once. A lease the arbiter granted to
+        that request in the meantime is never confirmed and goes back to the queue by itself, costing
+        no attempt. Heartbeats and results use their own connections and are not touched."""
+        self._acquire_aborted.set()
+        sock = self._acquire_sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None,
+                parks: bool = False) -> Reply:
+        """Send to the preferred arbiter; on connection failure or 503 try the others once.
+
+        ``parks``: the request may be held by the server (a long-poll acquire); abort_acquire ends it."""
         timeout = timeout or self.timeout
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Authorization": f"Bearer {self.credential}", "Accept": "application/json"}
@@ -83,8 +118,14 @@ class ArbiterClient:
         order = self.urls[self._preferred:] + self.urls[: self._preferred]
         for base in order:
             try:
-                response, raw = self._send(base, method, path, payload, headers, timeout)
+                response, raw = self._send(base, method, path, payload, headers, timeout, parks)
+            except Unreachable:
+                self._drop(base)
+                raise
             except (OSError, http.client.HTTPException, socket.timeout) as exc:
+                if parks and self._acquire_aborted.is_set():
+                    self._drop(base)
+                    raise Unreachable("stopping: acquire aborted") from exc
                 self._drop(base)
                 last_error = f"{base}: {type(exc).__name__}: {exc}"
                 continue
@@ -109,7 +150,7 @@ class ArbiterClient:
         body = {"request_id": request_id, "wait_secs": wait_secs}
         if languages:
             body["languages"] = languages
-        return self.request("POST", "/v1/acquire", body, timeout=wait_secs + 10)
+        return self.request("POST", "/v1/acquire", body, timeout=wait_secs + 10, parks=True)
 
     def heartbeat(self, submission_id: int, lease_token: str) -> Reply:
         return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token})

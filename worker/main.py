@@ -3,7 +3,7 @@
 Start-up: check the config and the sandbox, deliver whatever the outbox holds,
 then loop: get an assignment -> keep its lease alive -> judge -> outbox -> deliver.
 SIGTERM: finish the submission being judged (its result goes through the
-outbox), take no new work, exit 0. A lease whose heartbeat answers 410 is
+outbox), take no new work (a parked long-poll acquire is cut short), exit 0. A lease whose heartbeat answers 410 is
 abandoned at once and nothing is reported for it.
 
 A sandbox that fails to start a program is this machine's failure, never a
@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum, frame):
         log.info("stop requested", extra={"signal": signal.Signals(signum).name})
         worker.stopping.set()
+        # A parked long-poll would otherwise hold the stop (and every restart) for up to long_poll_secs.
+        worker.transport.interrupt()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

@@ -137,5 +137,8 @@ class DirectTransport:
             self._drop_connection()
             return "retry"
 
+    def interrupt(self) -> None:
+        """SIGTERM: nothing to cut short; a legacy poll waits at most legacy_poll_secs on the stop event."""
+
     def close(self) -> None:
         self._drop_connection()
