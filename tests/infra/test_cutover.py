@@ -71,7 +71,12 @@ class Lab:
         log = self.base / f"play-{len(self.logs):02d}-{playbook.removesuffix('.yml')}{'-check' if check else ''}.log"
         log.write_text(result.stdout + result.stderr)
         self.logs.append(log)
-        assert result.returncode == 0, f"{' '.join(argv)} failed:\n{(result.stdout + result.stderr)[-6000:]}"
+        if result.returncode != 0:
+            # The failed tasks first (a long play's tail may not reach back to them), then the tail.
+            output = result.stdout + result.stderr
+            failed = re.findall(r"^(?:fatal|failed): .*(?:\n[ \t]+.*){0,12}", output, re.MULTILINE)
+            raise AssertionError(f"{' '.join(argv)} failed:\n" + "\n".join(failed)[:6000] +
+                                 f"\n...\n{output[-4000:]}")
         recap = {}
         for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", result.stdout, re.MULTILINE):
             recap[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)}
