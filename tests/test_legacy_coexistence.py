@@ -132,3 +132,20 @@ def test_legacy_global_lock_stalls_everyone_while_held(make_db, tmp_path):
     holder.close()
     t.join(5)
     assert got and got[0] is not None
+
+
+def test_a_legacy_claim_made_as_the_stop_arrives_is_judged_not_stranded(make_db, workers, tmp_path):
+    """Found by the cutover test: supervisord restarted a legacy worker just as it claimed a
+    submission; the worker left without judging it, and nothing ever hands a legacy claim back."""
+    db = make_db("stage1")
+    site = aplusb_site(db, tmp_path)
+    with db.connect() as conn:
+        sid = leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["AC"])
+    w = workers("home-2", "home", "direct", site.testdata, dsn=legacy_login(db, "home-2"),
+                env={"JUDGE_WORKER_FAULTS": "term_after_assignment"}, **FAST).start()
+    assert w.proc.wait(60) == 0, w.log_text()
+    with db.connect() as conn:
+        assert conn.execute("SELECT status, worker_id FROM submissions WHERE id = %s", (sid,)).fetchone() == \
+            ("AC", "home-2"), w.log_text()
+        assert conn.execute("SELECT count(*) FROM submission_judgings WHERE submission_id = %s",
+                            (sid,)).fetchone() == (1,)

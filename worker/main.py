@@ -129,10 +129,13 @@ class Worker:
         if assignment is None:
             return False
         job = assignment.job
-        if self.stopping.is_set():
+        faults.after_assignment()
+        if self.stopping.is_set() and assignment.lease_token is not None:
             # Stopping: an unconfirmed lease goes back to the queue by itself (and costs no attempt).
             log.info("stopping: handing the new lease back unconfirmed", extra={"submission_id": job.submission_id})
             return True
+        # A legacy claim made as the stop arrived is judged like the one in hand: nothing would ever
+        # hand it back (the legacy scheme has no expiry), so leaving it would strand it in 'judging'.
         log.info("judging", extra={"submission_id": job.submission_id, "language": job.language,
                                    "lease_gen": assignment.lease_gen})
         keepalive = self.transport.keep_alive(assignment)
