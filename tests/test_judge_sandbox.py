@@ -145,3 +145,26 @@ def test_token_comparison(tmp_path):
     assert tokens_equal(a, b)
     b.write_text("1 2 4")
     assert not tokens_equal(a, b)
+
+
+def test_the_wall_clock_limit_starts_with_the_program_not_with_the_sandbox(tmp_path):
+    """A sandbox slow to set up (a busy machine creating namespaces) costs the program nothing."""
+    from worker.sandbox import Limits
+
+    tools, box = sandbox_work_dir(), sandbox_work_dir()  # the sandbox uid runs the wrapper: it must reach it
+    try:
+        slow_bwrap = tools / "slow-bwrap"
+        slow_bwrap.write_text(f"#!/bin/sh\nsleep 2\nexec {shutil.which('bwrap')} \"$@\"\n")
+        slow_bwrap.chmod(0o755)
+        (box / "main.py").write_text("print(1)\n")
+        os.chown(box, 65534, 65534)
+        with open(tmp_path / "err", "wb") as err:
+            result = Sandbox(bwrap=str(slow_bwrap)).run(
+                ["/usr/bin/python3", "main.py"], box=box, stdin=subprocess.DEVNULL, stdout=tmp_path / "out",
+                stderr=err, limits=Limits(cpu_ms=1000, wall_ms=1000, memory_kb=262144))
+        assert not result.wall_timeout and result.exit_code == 0, (result, (tmp_path / "err").read_text())
+        assert (tmp_path / "out").read_text() == "1\n"
+        assert result.wall_ms < 1000, "the 2 s set-up is not the program's wall time"
+    finally:
+        shutil.rmtree(tools, ignore_errors=True)
+        shutil.rmtree(box, ignore_errors=True)

@@ -5,8 +5,10 @@ of the system directories the toolchains need, the run's box directory (read-wri
 compiling), a private tmpfs /tmp, no /home, no /etc beyond the dynamic loader cache, and
 --die-with-parent. Limits: CPU time (RLIMIT_CPU), output size (RLIMIT_FSIZE), open files, no
 core dumps, process count (cgroup pids.max, or RLIMIT_NPROC when no cgroup is writable), memory
-(cgroup memory limit, or RLIMIT_AS), and a wall-clock timer in the parent. A sandbox that fails
-to start the program raises SandboxFailure: the machine's failure is never a verdict.
+(cgroup memory limit, or RLIMIT_AS), and a wall-clock timer in the parent that starts when the
+sandbox reports it starts the program (setting up the sandbox is not the program's time). A sandbox
+that fails to start the program, or takes START_TIMEOUT_SECS to, raises SandboxFailure: the
+machine's failure is never a verdict.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from . import cgroups
 
 SYSTEM_RO = ["/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/sbin"]
 ETC_RO = ["/etc/ld.so.cache", "/etc/alternatives"]
+# How long the sandbox may take to start the program (namespaces, mounts, the uid switch) before the
+# run is this machine's failure. Not part of the program's wall-clock limit, which starts after it.
+START_TIMEOUT_SECS = 30.0
 
 
 class SandboxUnavailable(RuntimeError):
@@ -146,7 +151,8 @@ class Sandbox:
         script = "".join(f'echo $$ > "{f}" && ' for f in (group.procs_files if group is not None else ()))
         script += ("" if started_w == 9 else f"exec 9>&{started_w} {started_w}>&- && ") + 'exec "$@"'
         inner = ["/bin/bash", "-c", script, "sandbox", *inner]
-        started = time.monotonic()
+        launched = time.monotonic()
+        program_started_at: float | None = None
         wall_timeout = False
         pump = None
         try:
@@ -161,15 +167,22 @@ class Sandbox:
                 os.close(started_w)
             if isinstance(stdout, Path):
                 pump = _OutputPump(proc.stdout, stdout, limits.output_kb * 1024)
-            deadline = started + limits.wall_ms / 1000
+            # The wall-clock limit is the program's own: it runs from the sandbox's report that it starts
+            # the program, not from the launch (namespaces can take seconds to set up on a busy machine,
+            # which is not the program's doing). Until then the deadline is START_TIMEOUT_SECS.
+            os.set_blocking(started_r, False)
+            deadline = launched + START_TIMEOUT_SECS
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
+                if program_started_at is None and _reported_start(started_r):
+                    program_started_at = time.monotonic()
+                    deadline = program_started_at + limits.wall_ms / 1000
                 overflow = pump is not None and pump.exceeded.is_set()
                 stop = cancelled is not None and cancelled.is_set()
                 if time.monotonic() > deadline or overflow or stop:
-                    wall_timeout = not (overflow or stop)
+                    wall_timeout = program_started_at is not None and not (overflow or stop)
                     try:
                         os.killpg(proc.pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -179,24 +192,24 @@ class Sandbox:
                     pid, status, usage = os.wait4(proc.pid, 0)
                     break
                 time.sleep(0.005)
-            wall_ms = int((time.monotonic() - started) * 1000)
+            ended = time.monotonic()
+            if program_started_at is None and _reported_start(started_r):  # started and ended between looks
+                program_started_at = ended
+            program_started = program_started_at is not None
+            wall_ms = int((ended - (program_started_at or launched)) * 1000)
             if pump is not None:
                 pump.finish()
             oom = group.oom_killed() if group is not None else False
             peak_kb = group.peak_kb() if group is not None else None
-            os.set_blocking(started_r, False)
-            try:
-                program_started = os.read(started_r, 16) == b"started"
-            except BlockingIOError:
-                program_started = False
         finally:
             os.close(started_r)
             if group is not None:
                 group.remove()
         code = os.waitstatus_to_exitcode(status)
         if not program_started and not (cancelled is not None and cancelled.is_set()):
+            killed = ended - launched >= START_TIMEOUT_SECS
             raise SandboxFailure(f"the sandbox did not start the program (exit status {code}"
-                                 f"{', killed at the wall-clock limit' if wall_timeout else ''}); "
+                                 f"{f', killed after {START_TIMEOUT_SECS:.0f}s' if killed else ''}); "
                                  "its own message is in the run's stderr")
         sig = -code if code < 0 else None
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) > 128 and not os.WIFSIGNALED(status):
@@ -214,6 +227,14 @@ class Sandbox:
             wall_timeout=wall_timeout,
             output_exceeded=sig == signal.SIGXFSZ or (pump is not None and pump.exceeded.is_set()),
         )
+
+
+def _reported_start(started_r: int) -> bool:
+    """True once the sandbox's last step has written 'started' (the pipe is non-blocking)."""
+    try:
+        return os.read(started_r, 16) == b"started"
+    except BlockingIOError:
+        return False
 
 
 class _OutputPump(threading.Thread):
