@@ -11,7 +11,7 @@ import hmac
 import re
 import secrets
 
-WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
 
 
 def new_secret() -> str:

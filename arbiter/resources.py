@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from typing import Any
@@ -19,11 +20,58 @@ from .sqlfiles import Statements
 
 log = logging.getLogger("arbiter.http")
 OPS = Statements("operator.sql")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # matched whole (fullmatch): no trailing newline
+# A worker's body nests 3-4 levels (detail.tests[i].field); anything deeper is refused before any
+# code recurses over it.
+MAX_JSON_DEPTH = 32
 
 
 # -- request helpers ------------------------------------------------------------
+def _not_a_number(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unstorable(body: Any) -> tuple[str, str] | None:
+    """The first value PostgreSQL cannot store (text and jsonb refuse NUL and lone surrogates; jsonb
+    refuses non-finite numbers) or nesting past MAX_JSON_DEPTH: (where, what), else None.
+
+    Iterative, so a deep body cannot exhaust the stack here either."""
+    stack: list[tuple[str, Any, int]] = [("body", body, 0)]
+    while stack:
+        where, value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                return where, f"nests deeper than {MAX_JSON_DEPTH} levels"
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    problem = _bad_text(key)
+                    if problem:
+                        return f"a key in {where}", problem
+                    stack.append((f"{where}.{key}" if where != "body" else key, item, depth + 1))
+            else:
+                stack.extend((f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            problem = _bad_text(value)
+            if problem:
+                return where, problem
+        elif isinstance(value, float) and not math.isfinite(value):
+            return where, "is a number out of range"
+    return None
+
+
+def _bad_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains \\u0000, which cannot be stored"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not a Unicode character), which cannot be stored"
+    return None
+
+
 def read_json(req, max_bytes: int) -> dict[str, Any]:
+    """The request's JSON object, or a 4xx: too large (413), not JSON or nested too deeply (400),
+    a value PostgreSQL cannot store (422, naming the field). Nothing is written before this passes."""
     length = req.content_length
     if length is not None and length > max_bytes:
         raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
@@ -31,11 +79,20 @@ def read_json(req, max_bytes: int) -> dict[str, Any]:
     if len(raw) > max_bytes:
         raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_a_number)  # NaN and Infinity are not JSON
+    except RecursionError:
+        raise falcon.HTTPBadRequest(title="malformed request",
+                                    description=f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise falcon.HTTPBadRequest(title="malformed JSON", description=str(exc)) from None
     if not isinstance(body, dict):
         raise falcon.HTTPBadRequest(title="malformed request", description="the body must be a JSON object")
+    problem = _unstorable(body)
+    if problem is not None:
+        where, what = problem
+        if what.startswith("nests"):
+            raise falcon.HTTPBadRequest(title="malformed request", description=f"{where} {what}")
+        raise falcon.HTTPUnprocessableEntity(title="unstorable value", description=f"{where} {what}")
     return body
 
 
@@ -81,7 +138,7 @@ class Acquire(_Base):
         worker = req.context.worker
         body = read_json(req, self.settings.max_body_bytes)
         request_id = _field(body, "request_id", str)
-        if not REQUEST_ID.match(request_id):
+        if not REQUEST_ID.fullmatch(request_id):
             raise falcon.HTTPBadRequest(title="malformed request",
                                         description="request_id must be 1-128 chars of A-Z a-z 0-9 . _ : -")
         wanted = _field(body, "languages", list, required=False, default=list(worker.languages))

@@ -177,6 +177,82 @@ def test_bad_input_gets_clear_errors_and_changes_nothing(world):
     assert token not in log and creds["home-1"].split(".")[1] not in log
 
 
+# Bodies no client should send, each refused with a 4xx and nothing written (never a 500): JSON
+# nested past any sane depth, values PostgreSQL cannot store (NUL, a lone surrogate, in a value or
+# a key), numbers that are not JSON (NaN, Infinity) or out of a double's range.
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+HOSTILE_VALUES = [
+    ("deep-5000", _deep(5000), 400),
+    ("deep-100", _deep(100), 400),
+    ("nul", json.dumps("a\u0000b"), 422),
+    ("lone-surrogate", '"\\udc80"', 422),
+    ("nan", "NaN", 400),
+    ("infinity", "Infinity", 400),
+    ("minus-infinity", "-Infinity", 400),
+    ("overflow", "1e400", 422),
+]
+
+
+@pytest.mark.parametrize("name,value,status", HOSTILE_VALUES, ids=[h[0] for h in HOSTILE_VALUES])
+def test_hostile_bodies_get_a_4xx_on_every_endpoint_and_change_nothing(world, name, value, status):
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, lease_secs=30.0)
+    c = client(a, creds["home-1"])
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+    token = c.acquire("r", None, 5).body["lease_token"]
+
+    def row():
+        with db.connect() as conn:
+            return conn.execute("SELECT status, worker_id, lease_expires_at, judge_attempts FROM submissions "
+                                "WHERE id = %s", (sid,)).fetchone()
+
+    before = row()
+    tok = json.dumps(token)
+    bodies = {
+        "/v1/acquire": [f'{{"request_id": "r2", "wait_secs": 0, "languages": {value}}}',
+                        f'{{"request_id": {value}}}'],
+        f"/v1/leases/{sid}/heartbeat": [f'{{"lease_token": {value}}}',
+                                        f'{{"lease_token": {tok}, "extra": {value}}}'],
+        f"/v1/leases/{sid}/result": [f'{{"lease_token": {tok}, "verdict": "AC", "detail": {{"stderr": {value}}}}}',
+                                     f'{{"lease_token": {tok}, "verdict": "AC", "detail": {{"tests": [{value}]}}}}',
+                                     # a stale token too: the body is refused before the token is looked at
+                                     f'{{"lease_token": "00000000-0000-0000-0000-000000000000", "verdict": "AC", '
+                                     f'"detail": {{"x": {value}}}}}'],
+    }
+    if name in ("nul", "lone-surrogate"):  # in a key as well as in a value
+        bodies[f"/v1/leases/{sid}/result"].append(
+            f'{{"lease_token": {tok}, "verdict": "AC", "detail": {{{value}: 1}}}}')
+    for path, variants in bodies.items():
+        for body in variants:
+            got, reply = raw_post(a, path, body.encode(), creds["home-1"])
+            assert got == status, (path, body[:120], got, reply)
+            assert reply["title"] and reply.get("description"), reply
+    assert row() == before, "a refused request changed the submission or its lease"
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (1,)
+    assert "Traceback" not in a.log_text()
+
+
+def test_request_id_is_matched_whole(world):
+    """The published pattern is the whole value: a trailing newline is not part of it."""
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn)
+    got, reply = raw_post(a, "/v1/acquire", json.dumps({"request_id": "r1\n", "wait_secs": 0}).encode(),
+                          creds["home-1"])
+    assert got == 400 and "request_id" in reply["description"]
+    assert raw_post(a, "/v1/acquire", json.dumps({"request_id": "r1", "wait_secs": 0}).encode(),
+                    creds["home-1"])[0] == 204
+    # A submission id past bigint names no submission: 404, not a database error.
+    body = json.dumps({"lease_token": "x", "verdict": "AC"}).encode()
+    assert raw_post(a, f"/v1/leases/{2**63}/result", body, creds["home-1"])[0] == 404
+    assert raw_post(a, f"/v1/leases/{2**63 - 1}/result", body, creds["home-1"])[0] == 404
+
+
 def test_revoked_credential_is_refused(world):
     db, arbiters, creds = world
     a = arbiters.start(db.dsn)
