@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -129,3 +130,32 @@ def test_sigterm_finishes_the_current_submission_then_exits(lab):
     assert w.terminate(60) == 0
     assert lab["status"](sid) == "AC"
     assert "worker stopped" in w.log_text()
+
+
+def test_an_entry_the_arbiter_refuses_for_good_is_moved_aside_and_the_rest_delivered(lab):
+    """One outbox entry that can never be delivered (422: here a detail PostgreSQL cannot store, as an
+    older or broken worker might have written it) must not block the entries behind it."""
+    from worker.http_client import ArbiterClient
+    from worker.outbox import Entry, Outbox
+
+    a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0, unconfirmed_secs=10.0)
+    first, second = lab["submit"]("python3", "AC"), lab["submit"]("python3", "AC")
+    client = ArbiterClient([a.url], lab["cred"], timeout=10)
+    leased = {}
+    for request_id in ("pre-1", "pre-2"):
+        body = client.acquire(request_id, None, 5).body
+        leased[body["submission_id"]] = body
+    assert set(leased) == {first, second}
+    w = lab["workers"]("home-1", "home", "arbiter", lab["testdata"], arbiter_urls=[a.url], credential=lab["cred"],
+                       **WORKER_FAST)
+    box = Outbox(w.outbox)
+    for sid, detail, created in ((first, {"stderr": "a\u0000b"}, 1.0), (second, {}, 2.0)):
+        box.put(Entry(transport="arbiter", submission_id=sid, verdict="AC", lease_token=leased[sid]["lease_token"],
+                      lease_gen=leased[sid]["lease_gen"], time_ms=1, memory_kb=1, detail=detail, created_at=created))
+    w.start()
+    wait_for(lambda: lab["status"](second) == "AC", 30, what="the entry behind the refused one delivered")
+    wait_for(lambda: not w.outbox_files(), 10, what="the outbox emptied")
+    rejected = sorted((w.outbox / "rejected").glob("*.json"))
+    assert [json.loads(p.read_text())["submission_id"] for p in rejected] == [first]
+    assert '"outbox entry rejected"' in w.log_text() and "HTTP 422" in w.log_text()
+    assert lab["status"](first) == "judging" and lab["history"](first) == []

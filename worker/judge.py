@@ -122,7 +122,8 @@ class Judge:
                                       limits=limits_for_compile(), writable_box=True)
         if result.exit_code == 0:
             return None
-        message = log_path.read_bytes()[:4000].decode("utf-8", "replace")
+        # Text PostgreSQL can store: invalid UTF-8 and NUL (a compiler may echo a hostile source) replaced.
+        message = log_path.read_bytes()[:4000].decode("utf-8", "replace").replace("\x00", "\ufffd")
         if result.exit_code in (126, 127):
             # The shell in the sandbox could not execute the compiler (gone, not executable): no
             # compiler ever says that about a source file.
