@@ -191,7 +191,8 @@ class WorkerProcess:
     """A real judge-worker process with its own config, outbox and work dir."""
 
     def __init__(self, workdir: Path, worker_id: str, kind: str, transport: str, testdata: Path,
-                 arbiter_urls=(), credential: str = "", dsn: str = "", env: dict | None = None, **extra):
+                 arbiter_urls=(), credential: str = "", dsn: str = "", env: dict | None = None,
+                 sandbox: dict | None = None, **extra):
         self.worker_id = worker_id
         self.home = Path(workdir) / f"worker-{worker_id}"
         self.home.mkdir(parents=True, exist_ok=True)
@@ -210,6 +211,9 @@ class WorkerProcess:
             lines.append(f"dsn = {json.dumps(dsn)}")
         for key, value in extra.items():
             lines.append(f"{key} = {json.dumps(value)}")
+        if sandbox:
+            lines.append("[sandbox]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in sandbox.items()]
         self.config = self.home / "worker.toml"
         self.config.write_text("\n".join(lines) + "\n")
         self.log_path = self.home / "worker.log"

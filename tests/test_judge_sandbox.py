@@ -14,6 +14,7 @@ import pytest
 from procs import sandbox_work_dir, wait_for, write_testdata
 from programs import (APLUSB_TESTS, FORK_BOMB_C, FORK_BOMB_PY, PROGRAMS, escape_writer_py, network_probe_c,
                       network_probe_py)
+from sandbox_faults import PrivateSandbox
 from worker.judge import Job, Judge, tokens_equal
 from worker.sandbox import Sandbox
 
@@ -58,21 +59,24 @@ def test_every_verdict_in_every_language(judge, language, expected):
         assert result.detail["compiler_output"]
 
 
-def _sandbox_processes() -> list[str]:
-    out = subprocess.run(["pgrep", "-u", str(SANDBOX_UID)], capture_output=True, text=True).stdout
-    return out.split()
+# The bomb runs under a uid and cgroup parent of its own: the check below counts every process of
+# that uid on the machine (other workers' sandboxes must not be counted), and without a pids cgroup
+# the bomb uses up that uid's process budget, which must not be anyone else's.
+BOMB_IDENTITY = PrivateSandbox(uid=64991, cgroup_parent="judge-sandbox-bomb")
 
 
-# Machine-wide: it counts every process of the sandbox uid on the machine (another suite's sandboxes
-# would be counted), and without a pids cgroup the bomb uses up that uid's process budget.
-@pytest.mark.machine_wide
+@pytest.fixture(scope="module")
+def bomb_judge(judge):
+    return Judge(BOMB_IDENTITY.sandbox(), judge.testdata_dir, judge.work_dir, output_limit_kb=8192)
+
+
 @pytest.mark.parametrize("language,source", [("c", FORK_BOMB_C), ("python3", FORK_BOMB_PY)], ids=["c", "python3"])
-def test_fork_bomb_is_contained(judge, language, source):
+def test_fork_bomb_is_contained(bomb_judge, language, source):
     t0 = time.monotonic()
-    result = judge.judge(job(language, source, time_limit_ms=500))
+    result = bomb_judge.judge(job(language, source, time_limit_ms=500))
     assert result.verdict in ("TLE", "RE", "MLE"), result.detail
     assert time.monotonic() - t0 < 15
-    wait_for(lambda: _sandbox_processes() == [], 3, what="every sandboxed process to be gone")
+    wait_for(lambda: BOMB_IDENTITY.processes() == [], 3, what="every sandboxed process to be gone")
     # The host can still fork.
     assert subprocess.run(["true"]).returncode == 0
 

@@ -16,13 +16,14 @@ import pytest
 from arbiter import leases
 from procs import aplusb_site, sandbox_work_dir, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
-from sandbox_faults import SandboxOutage
+from sandbox_faults import PrivateSandbox, SandboxOutage
 from worker import cgroups
 from worker.judge import Job, Judge
-from worker.sandbox import Limits, Sandbox, SandboxFailure
+from worker.sandbox import Limits, SandboxFailure
 
-# Every fault here breaks every sandbox on the machine (tests/sandbox_faults.py): run alone.
-pytestmark = pytest.mark.machine_wide
+# Every fault here breaks the sandboxes of this identity only (tests/sandbox_faults.py), so the
+# module runs beside the rest of the suite and the cutover lab.
+IDENTITY = PrivateSandbox(uid=64990, cgroup_parent="judge-sandbox-faults")
 
 WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
                "backoff_max_secs": 2.0, "legacy_poll_secs": 0.2}
@@ -33,7 +34,7 @@ def judge(tmp_path_factory):
     testdata = tmp_path_factory.mktemp("judge") / "testdata"
     write_testdata(testdata, 1, APLUSB_TESTS)
     work = sandbox_work_dir()
-    yield Judge(Sandbox(), testdata, work)
+    yield Judge(IDENTITY.sandbox(), testdata, work)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -44,7 +45,7 @@ def job(language: str, verdict: str = "AC") -> Job:
 
 @pytest.mark.parametrize("language", ["python3", "c"])
 def test_a_sandbox_that_cannot_start_raises_instead_of_judging(judge, language):
-    with SandboxOutage():
+    with SandboxOutage(IDENTITY):
         with pytest.raises(SandboxFailure, match="did not start the program"):
             judge.judge(job(language))
     assert judge.judge(job(language)).verdict == "AC"
@@ -55,7 +56,7 @@ def test_a_test_run_whose_sandbox_cannot_start_is_no_runtime_error(judge, tmp_pa
     box = sandbox_work_dir()
     try:
         (box / "main.py").write_text("print(1)\n")
-        with SandboxOutage(), open(tmp_path / "err", "wb") as err:
+        with SandboxOutage(IDENTITY), open(tmp_path / "err", "wb") as err:
             with pytest.raises(SandboxFailure):
                 judge.sandbox.run(["/usr/bin/python3", "main.py"], box=box, stdin=subprocess.DEVNULL,
                                   stdout=tmp_path / "out", stderr=err,
@@ -69,7 +70,8 @@ def test_other_processes_of_the_sandbox_uid_do_not_starve_a_run(judge):
     """The defect itself: RLIMIT_NPROC counts every process of the uid on the machine."""
     if cgroups.detect() is None:
         pytest.skip("without a pids cgroup RLIMIT_NPROC is the only process limit (documented)")
-    sleepers = [subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "60"])
+    uid = IDENTITY.uid
+    sleepers = [subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"])
                 for _ in range(80)]
     try:
         assert judge.judge(job("python3")).verdict == "AC"
@@ -105,14 +107,14 @@ def site(make_db, arbiters, workers, tmp_path):
 def arbiter_worker(site):
     a = site["arbiters"].start(site["db"].dsn)
     w = site["workers"]("home-1", "home", "arbiter", site["testdata"], arbiter_urls=[a.url],
-                        credential=site["cred"], **WORKER_FAST).start()
+                        credential=site["cred"], sandbox=IDENTITY.worker_config(), **WORKER_FAST).start()
     wait_for(lambda: '"worker started"' in w.log_text(), 30, what="worker started")
     return w
 
 
 def test_worker_judges_again_after_a_passing_sandbox_failure(site):
     w = arbiter_worker(site)
-    with SandboxOutage():
+    with SandboxOutage(IDENTITY):
         sid = site["submit"]()
         wait_for(lambda: "sandbox failed; judging again" in w.log_text(), 30, what="a sandbox failure")
     wait_for(lambda: site["row"](sid)[0] not in ("pending", "judging"), 30, what="judged")
@@ -122,7 +124,7 @@ def test_worker_judges_again_after_a_passing_sandbox_failure(site):
 
 def test_worker_lets_the_lease_go_and_takes_no_work_while_the_sandbox_keeps_failing(site):
     w = arbiter_worker(site)
-    outage = SandboxOutage().begin()
+    outage = SandboxOutage(IDENTITY).begin()
     try:
         sid = site["submit"]()
         wait_for(lambda: "leaving the lease to expire" in w.log_text(), 30, what="the worker giving up")
@@ -146,9 +148,9 @@ def test_legacy_worker_reports_system_error_with_the_reason(site):
     from test_legacy_coexistence import legacy_login
 
     w = site["workers"]("home-2", "home", "direct", site["testdata"], dsn=legacy_login(site["db"], "home-2"),
-                        **WORKER_FAST).start()
+                        sandbox=IDENTITY.worker_config(), **WORKER_FAST).start()
     wait_for(lambda: '"worker started"' in w.log_text(), 30, what="worker started")
-    with SandboxOutage():
+    with SandboxOutage(IDENTITY):
         sid = site["submit"]()
         wait_for(lambda: site["row"](sid)[0] not in ("pending", "judging"), 30, interval=0.2, what="decided")
     assert site["row"](sid)[0] == "system_error"
@@ -163,8 +165,9 @@ def test_check_config_names_the_sandbox_failure(site):
 
     from procs import WorkerProcess
 
-    w = WorkerProcess(site["testdata"].parent, "home-9", "home", "direct", site["testdata"], dsn=site["db"].dsn)
-    with SandboxOutage():
+    w = WorkerProcess(site["testdata"].parent, "home-9", "home", "direct", site["testdata"], dsn=site["db"].dsn,
+                      sandbox=IDENTITY.worker_config())
+    with SandboxOutage(IDENTITY):
         broken = subprocess.run([sys.executable, "-m", "worker.main", "--config", str(w.config), "--check-config"],
                                 capture_output=True, text=True, timeout=60)
     assert broken.returncode == 3, broken.stderr

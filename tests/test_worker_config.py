@@ -42,6 +42,7 @@ def test_good_config_loads(tmp_path):
     (lambda t: t + 'long_poll_secs = 99\n', "at most 30"),
     (lambda t: t + 'colour = "blue"\n', "unknown key(s) in config: colour"),
     (lambda t: t + '[sandbox]\nuid = 0\n', "must not be 0"),
+    (lambda t: t + '[sandbox]\ncgroup_parent = "../escape"\n', "sandbox.cgroup_parent must be one cgroup name"),
     (lambda t: t.replace('worker_id = "home-1"', 'worker_id = "Home 1"'), "worker_id must be"),
     (lambda t: t.replace('worker_id = "home-1"', 'worker_id = "home-2"'), "credential for another worker"),
     (lambda t: t.replace('testdata_dir = "{td}"', 'testdata_dir = "/nonexistent"'), "is not a directory"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 import uuid
@@ -16,11 +17,21 @@ from pathlib import Path
 
 log = logging.getLogger("worker.cgroups")
 ROOT = Path("/sys/fs/cgroup")
-PARENT = "judge-sandbox"
+# Every run's cgroup is made below this parent (per controller on v1). A worker may name its own
+# ([sandbox] cgroup_parent), so that a limit set on one parent touches only that worker's runs.
+DEFAULT_PARENT = "judge-sandbox"
+PARENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 
 
 def _writable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK)
+
+
+def parent_dirs(version: str, parent: str = DEFAULT_PARENT) -> list[Path]:
+    """The parent cgroup directories of every run (one on v2, one per controller on v1)."""
+    if version == "v2":
+        return [ROOT / parent]
+    return [ROOT / controller / parent for controller in ("memory", "pids")]
 
 
 def detect() -> str | None:
@@ -38,22 +49,19 @@ def detect() -> str | None:
 class RunCgroup:
     """One cgroup (per controller on v1) for one sandboxed run."""
 
-    def __init__(self, version: str, memory_bytes: int, max_pids: int):
+    def __init__(self, version: str, memory_bytes: int, max_pids: int, parent: str = DEFAULT_PARENT):
         self.version = version
         name = f"run-{uuid.uuid4().hex[:12]}"
+        parents = parent_dirs(version, parent)
         if version == "v2":
-            parent = ROOT / PARENT
-            if not parent.exists():
-                parent.mkdir(exist_ok=True)
+            if not parents[0].exists():
+                parents[0].mkdir(exist_ok=True)
                 (ROOT / "cgroup.subtree_control").write_text("+memory +pids")
-                (parent / "cgroup.subtree_control").write_text("+memory +pids")
-            self.dirs = [parent / name]
+                (parents[0] / "cgroup.subtree_control").write_text("+memory +pids")
         else:
-            self.dirs = []
-            for controller in ("memory", "pids"):
-                parent = ROOT / controller / PARENT
-                parent.mkdir(exist_ok=True)
-                self.dirs.append(parent / name)
+            for directory in parents:
+                directory.mkdir(exist_ok=True)
+        self.dirs = [directory / name for directory in parents]
         try:
             for directory in self.dirs:
                 directory.mkdir()

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from arbiter.config import is_toml_type
 
-WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+from . import cgroups
+
+WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
 LANGUAGES = ("c", "cpp", "python3")
 
 
@@ -24,6 +26,8 @@ class SandboxConfig:
     output_limit_kb: int = 65536
     max_processes: int = 64
     wall_factor: float = 3.0
+    # The cgroup below which this worker's runs are made: two workers on one kernel may keep apart.
+    cgroup_parent: str = "judge-sandbox"
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "tes
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
         "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
         "legacy_idle_fresh_secs": float, "sandbox": dict}
-_SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "max_processes": int, "wall_factor": float}
+_SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "max_processes": int, "wall_factor": float,
+            "cgroup_parent": str}
 
 
 def _check_types(section: str, raw: dict, schema: dict) -> None:
@@ -133,6 +138,8 @@ def load(path: str | Path) -> WorkerConfig:
     sandbox = SandboxConfig(**sandbox_raw)
     if sandbox.uid == 0 or sandbox.gid == 0:
         raise ConfigError("sandbox uid/gid must not be 0: submissions never run as root")
+    if not cgroups.PARENT_NAME.match(sandbox.cgroup_parent):
+        raise ConfigError("sandbox.cgroup_parent must be one cgroup name: 1-63 chars of A-Z, a-z, 0-9, '_', '.', '-'")
     testdata = Path(raw["testdata_dir"])
     if not testdata.is_dir():
         raise ConfigError(f"testdata_dir {testdata} is not a directory")

@@ -64,9 +64,11 @@ class RunResult:
 
 
 class Sandbox:
-    def __init__(self, uid: int = 65534, gid: int = 65534, bwrap: str | None = None):
+    def __init__(self, uid: int = 65534, gid: int = 65534, bwrap: str | None = None,
+                 cgroup_parent: str = cgroups.DEFAULT_PARENT):
         self.uid = uid
         self.gid = gid
+        self.cgroup_parent = cgroup_parent
         self.bwrap = bwrap or shutil.which("bwrap")
         if self.bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
@@ -130,7 +132,7 @@ class Sandbox:
             # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
             try:
                 group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
-                                          limits.max_processes)
+                                          limits.max_processes, self.cgroup_parent)
             except OSError as exc:
                 raise SandboxFailure(f"cannot set up the run's cgroup: {exc}") from exc
         else:
