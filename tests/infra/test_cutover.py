@@ -55,6 +55,7 @@ class Lab:
             if sep and not line.startswith("#"):
                 self.secrets[key] = json.loads(value)
         self.logs: list[Path] = []
+        self.stage: int | None = None  # where the last successful stage play or rollback left the lab
 
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(self.info["admin_dsn"], autocommit=True)
@@ -94,13 +95,15 @@ class Flow(threading.Thread):
     """The site's users: a submission every second, alternately right and wrong, the whole time.
 
     Every worker switch and rollback step (several seconds each) happens with submissions in flight;
-    a faster trickle only adds judging load to the machine that also runs the five hosts."""
+    a faster trickle only adds judging load to the machine that also runs the five hosts. The users
+    can be sent home for a while (pause/resume), as on a quiet night."""
 
     def __init__(self, lab: Lab):
         super().__init__(daemon=True)
         self.lab = lab
         self.expected: dict[int, str] = {}
         self.halt = threading.Event()
+        self.paused = threading.Event()
         self.errors: list[str] = []
 
     def run(self) -> None:
@@ -110,6 +113,8 @@ class Flow(threading.Thread):
                                 "DO UPDATE SET name = EXCLUDED.name RETURNING id").fetchone()[0]
             n = 0
             while not self.halt.wait(FLOW_SECS):
+                if self.paused.is_set():
+                    continue
                 verdict, source = ("AC", AC) if n % 2 == 0 else ("WA", WA)
                 try:
                     sid = conn.execute("INSERT INTO submissions (user_id, problem_id, language, source) "
@@ -195,72 +200,76 @@ def assert_no_change(recap: dict) -> None:
     assert not changed, f"a second run changed something: {changed}"
 
 
-def test_cutover_stage_by_stage_and_rollback_step_by_step(lab):
-    flow = Flow(lab)
-    flow.start()
+@pytest.fixture(scope="module")
+def flow(lab):
+    """One trickle of submissions for the whole module: the cutover runs under it from start to end."""
+    users = Flow(lab)
+    users.start()
+    yield users
+    users.stop()
+
+
+def forward(lab: Lab, flow: Flow, stage: int) -> None:
+    """One stage as an operator runs it: the --check --diff preview, the play, the play again (no change);
+    then nothing is lost, stuck or misjudged and every node passes its checks."""
     passwords = lab.secrets["judge_legacy_db_passwords"]
-    try:
-        # The legacy site as it runs today: every worker on its DB account, no arbiter.
-        lab.play("site.yml", "-e", "judge_cutover_stage=0")
-        settled(lab, flow)
-        node_checks.check_all(lab.nodes(), passwords, 0)
-
-        for stage in (1, 2, 3, 4):
-            preview = lab.play(f"stage{stage}.yml", check=True)
-            assert not any(c["failed"] for c in preview.values())
-            lab.play(f"stage{stage}.yml")
-            since = db_now(lab)
-            assert_no_change(lab.play(f"stage{stage}.yml"))
-            settled(lab, flow)
-            node_checks.check_all(lab.nodes(), passwords, stage)
-            if stage >= 2:
-                # home-1 judges through the arbiter from stage 2 on: results carry lease tokens.
-                assert ("home-1", True) in transports_used_since(lab, since)
-            if stage == 4:
-                with lab.connect() as conn:
-                    assert conn.execute("SELECT to_regclass('judge_dispatch_state')").fetchone() == (None,)
-
-        for target in (3, 2, 1, 0):
-            lab.play("rollback.yml", "-e", f"judge_rollback_to={target}")
-            settled(lab, flow)
-            node_checks.check_all(lab.nodes(), passwords, target)
-            if target == 3:
-                with lab.connect() as conn:
-                    assert conn.execute("SELECT count(*) FROM judge_dispatch_state").fetchone() == (1,)
-        preview = lab.play("rollback.yml", check=True)
-        assert_no_change(preview)
-        assert_no_change(lab.play("rollback.yml"))
-        since = db_now(lab)
-        wait_for(lambda: judged_since(lab, since) > 0, 60, POLL_SECS, what="a legacy worker to judge after the rollback")
-        counts = settled(lab, flow)
-        with lab.connect() as conn:
-            # Back on the baseline schema (no lease columns at all), and the legacy workers judge.
-            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (1,)
-        assert judged_since(lab, since) > 0
-    finally:
-        flow.stop()
-    final = settled(lab, flow)
-    assert set(final) <= {"AC", "WA"} and final["AC"] >= 50 and final["WA"] >= 50, (counts, final)
-
-
-def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab):
-    """Gate failure: the switched worker gets its previous config back; no other worker is touched."""
-    # Stage 1 first (from wherever the lab is), with users submitting; then they stop, so that at
-    # stage 2 home-1's gate (5 s here) cannot see it take work.
-    flow = Flow(lab)
-    flow.start()
-    try:
-        lab.play("site.yml", "-e", "judge_cutover_stage=1")
-    finally:
-        flow.stop()
+    preview = lab.play(f"stage{stage}.yml", check=True)
+    assert not any(c["failed"] for c in preview.values())
+    lab.play(f"stage{stage}.yml")
+    since = db_now(lab)
+    assert_no_change(lab.play(f"stage{stage}.yml"))
+    lab.stage = stage
     settled(lab, flow)
-    before = {h: n.file("/etc/judge-worker/worker.toml").content_string
-              for h, n in lab.nodes().items() if h.startswith(("home", "prod"))}
-    argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", "stage2.yml", "-e", f"@{lab.base}/secrets.yml",
-            "-e", "judge_worker_gate_timeout_secs=5"]
-    env = dict(os.environ, JUDGE_LAB_DIR=str(lab.base), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
-    result = subprocess.run(argv, cwd=ANSIBLE, env=env, capture_output=True, text=True, timeout=900)
-    (lab.base / "play-gate-failure.log").write_text(result.stdout + result.stderr)
+    node_checks.check_all(lab.nodes(), passwords, stage)
+    if stage >= 2:
+        # home-1 judges through the arbiter from stage 2 on: results carry lease tokens.
+        assert ("home-1", True) in transports_used_since(lab, since)
+    if stage == 4:
+        with lab.connect() as conn:
+            assert conn.execute("SELECT to_regclass('judge_dispatch_state')").fetchone() == (None,)
+
+
+def reach_stage(lab: Lab, stage: int) -> None:
+    """Where a test starts when it runs on its own (-k): one converge to that stage."""
+    if lab.stage != stage:
+        lab.play("site.yml", "-e", f"judge_cutover_stage={stage}")
+        lab.stage = stage
+
+
+# The three tests below are one cutover, in order, on one lab and under one flow of submissions:
+# the legacy site and stage 1; a gate that fails at stage 2; stages 2-4 and the rollback to 0.
+
+
+def test_the_legacy_site_then_stage_1(lab, flow):
+    # The legacy site as it runs today: every worker on its DB account, no arbiter.
+    lab.play("site.yml", "-e", "judge_cutover_stage=0")
+    lab.stage = 0
+    settled(lab, flow)
+    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], 0)
+    forward(lab, flow, 1)
+
+
+def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab, flow):
+    """Gate failure: the switched worker gets its previous config back; no other worker is touched.
+
+    At stage 1, the users go home for a moment, so that at stage 2 home-1's gate (5 s here)
+    cannot see it take work."""
+    reach_stage(lab, 1)
+    flow.paused.set()
+    try:
+        settled(lab, flow)
+        before = {h: n.file("/etc/judge-worker/worker.toml").content_string
+                  for h, n in lab.nodes().items() if h.startswith(("home", "prod"))}
+        argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", "stage2.yml", "-e",
+                f"@{lab.base}/secrets.yml", "-e", "judge_worker_gate_timeout_secs=5"]
+        env = dict(os.environ, JUDGE_LAB_DIR=str(lab.base), ANSIBLE_NOCOLOR="1",
+                   PATH=f"{BIN}:{os.environ['PATH']}")
+        result = subprocess.run(argv, cwd=ANSIBLE, env=env, capture_output=True, text=True, timeout=900)
+        (lab.base / "play-gate-failure.log").write_text(result.stdout + result.stderr)
+    finally:
+        flow.paused.clear()
+    # The lab stays at stage 1 plus whatever stage 2 did before home-1's gate (the arbiter's play):
+    # the operator's next step is stage 2 again, and the next test takes exactly that step.
     assert result.returncode != 0
     assert "home-1 did not take work through transport arbiter" in result.stdout
     nodes = lab.nodes()
@@ -270,3 +279,36 @@ def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab):
     for h in before:
         assert "RUNNING" in nodes[h].run(node_checks.SUPERVISORCTL.format(name="judge-worker") +
                                          " status judge-worker").stdout
+    # The workers judge on through the failed play: nothing submitted meanwhile is lost or stuck.
+    settled(lab, flow)
+
+
+def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
+    """From stage 1, or where the failed gate left it (stage 2 then simply runs again, as an operator
+    runs it once the cause is fixed)."""
+    reach_stage(lab, 1)
+    passwords = lab.secrets["judge_legacy_db_passwords"]
+    for stage in (2, 3, 4):
+        forward(lab, flow, stage)
+
+    for target in (3, 2, 1, 0):
+        lab.play("rollback.yml", "-e", f"judge_rollback_to={target}")
+        lab.stage = target
+        settled(lab, flow)
+        node_checks.check_all(lab.nodes(), passwords, target)
+        if target == 3:
+            with lab.connect() as conn:
+                assert conn.execute("SELECT count(*) FROM judge_dispatch_state").fetchone() == (1,)
+    preview = lab.play("rollback.yml", check=True)
+    assert_no_change(preview)
+    assert_no_change(lab.play("rollback.yml"))
+    since = db_now(lab)
+    wait_for(lambda: judged_since(lab, since) > 0, 60, POLL_SECS, what="a legacy worker to judge after the rollback")
+    counts = settled(lab, flow)
+    with lab.connect() as conn:
+        # Back on the baseline schema (no lease columns at all), and the legacy workers judge.
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (1,)
+    assert judged_since(lab, since) > 0
+    flow.stop()
+    final = settled(lab, flow)
+    assert set(final) <= {"AC", "WA"} and final["AC"] >= 50 and final["WA"] >= 50, (counts, final)
