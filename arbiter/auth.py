@@ -9,7 +9,7 @@ import falcon
 from psycopg.rows import dict_row
 
 from . import credentials, leases
-from .dispatcher import WorkerIdentity
+from .tickets import WorkerIdentity
 
 
 class CredentialCache:

@@ -28,6 +28,9 @@ class ArbiterSettings:
     long_poll_max_secs: float = 30.0
     # server capacity: parked long-polls never take the reserved threads
     max_parked: int = 48
+    # One worker (one credential) may hold this many parking places; more get 429 + Retry-After, so
+    # one worker cannot take the lot. A worker parks one at a time; retries take the same place.
+    max_parked_per_worker: int = 4
     reserved_threads: int = 16
     max_body_bytes: int = 1_048_576
     # loops
@@ -99,8 +102,9 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     if not settings.dsn:
         raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
-                "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs", "stuck_alert_secs",
-                "db_timeout_secs", "max_attempts", "max_parked", "reserved_threads", "max_body_bytes", "legacy_fresh_secs"]
+                "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs",
+                "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_parked", "max_parked_per_worker",
+                "reserved_threads", "max_body_bytes", "legacy_fresh_secs"]
     for key in positive:
         if getattr(settings, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0")

@@ -15,37 +15,17 @@ import os
 import select
 import threading
 import time
-from dataclasses import dataclass, field
 
 import psycopg
 
 from . import db, faults, leases, sdnotify
 from .metrics import METRICS
+from .tickets import Overloaded, ParkingLot, Ticket, TooManyParked, WorkerIdentity  # noqa: F401 (re-exported)
 
 log = logging.getLogger("arbiter.dispatcher")
 LEGACY_RECHECK_SECS = 5.0
-
-
-class Overloaded(Exception):
-    """All parking places are taken; the caller should answer 503 with Retry-After."""
-
-
-@dataclass(frozen=True)
-class WorkerIdentity:
-    worker_id: str
-    kind: str  # home | production
-    languages: tuple[str, ...]
-
-
-@dataclass(eq=False)
-class Ticket:
-    worker: WorkerIdentity
-    request_id: str
-    languages: tuple[str, ...]
-    parked_at: float = field(default_factory=time.monotonic)
-    lease: leases.Lease | None = None
-    state: str = "parked"  # parked -> matching -> done | parked; parked -> cancelled
-    event: threading.Event = field(default_factory=threading.Event)
+# How long a leaving request waits for the acquire transaction a round is running for it.
+LEAVE_WAIT_SECS = 5.0
 
 
 class Dispatcher:
@@ -54,8 +34,7 @@ class Dispatcher:
         self.notifier = notifier or sdnotify.Notifier({})
         self.health = health
         self.is_leader = is_leader
-        self._lock = threading.Lock()
-        self._parked: dict[tuple[str, str], Ticket] = {}
+        self.lot = ParkingLot(settings.max_parked, settings.max_parked_per_worker)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stop = threading.Event()
@@ -67,48 +46,21 @@ class Dispatcher:
         self.rounds = 0
         self._legacy_checked_at: float | None = None  # monotonic; the schema is looked at again now and then
 
-    # -- called from request threads -----------------------------------------
+    # -- called from request threads (the ticket transitions are in tickets.py) -----
     def park(self, ticket: Ticket) -> None:
-        key = (ticket.worker.worker_id, ticket.request_id)
-        with self._lock:
-            previous = self._parked.pop(key, None)
-            if previous is not None:
-                previous.state = "cancelled"
-                previous.event.set()
-            elif len(self._parked) >= self.settings.max_parked:
-                raise Overloaded()
-            self._parked[key] = ticket
-            METRICS.set_gauge("arbiter_parked_requests", len(self._parked))
+        self.lot.park(ticket)
         self.wake()
 
-    def unpark(self, ticket: Ticket, wait_if_matching: float = 5.0) -> leases.Lease | None:
-        """The request is leaving (answered or timed out): take it out, return its lease if it got one."""
-        deadline = time.monotonic() + wait_if_matching
-        while True:
-            with self._lock:
-                if ticket.state != "matching":
-                    key = (ticket.worker.worker_id, ticket.request_id)
-                    if self._parked.get(key) is ticket:
-                        del self._parked[key]
-                    if ticket.state == "parked":
-                        ticket.state = "cancelled"
-                    METRICS.set_gauge("arbiter_parked_requests", len(self._parked))
-                    return ticket.lease
-            if time.monotonic() > deadline:
-                return None
-            ticket.event.wait(0.05)
+    def unpark(self, ticket: Ticket, wait_if_matching: float = LEAVE_WAIT_SECS) -> leases.Lease | None:
+        """The request is leaving (answered or timed out): its lease if it got one."""
+        return self.lot.leave(ticket, wait_if_matching)
 
     def cancel_all(self) -> None:
         """Leadership lost: every parked request is answered (it will retry elsewhere or later)."""
-        with self._lock:
-            for ticket in self._parked.values():
-                if ticket.state == "parked":
-                    ticket.state = "cancelled"
-                    ticket.event.set()
+        self.lot.withdraw_all()
 
     def parked_snapshot(self) -> list[Ticket]:
-        with self._lock:
-            return [t for t in self._parked.values() if t.state == "parked"]
+        return self.lot.parked()
 
     def wake(self) -> None:
         try:
@@ -258,10 +210,8 @@ class Dispatcher:
         METRICS.inc("arbiter_dispatch_rounds_total")
 
     def _match(self, conn: psycopg.Connection, ticket: Ticket, legacy: leases.LegacyRules | None) -> leases.Lease | None:
-        with self._lock:
-            if ticket.state != "parked":
-                return None
-            ticket.state = "matching"
+        if not self.lot.begin_match(ticket):
+            return None  # its request left since the snapshot
         lease = None
         try:
             lease = leases.acquire(
@@ -286,9 +236,5 @@ class Dispatcher:
         except psycopg.errors.LockNotAvailable:
             log.warning("legacy global lock busy; will retry next round")
         finally:
-            with self._lock:
-                ticket.lease = lease
-                ticket.state = "done" if lease is not None else "parked"
-                if ticket.state == "done":
-                    ticket.event.set()
+            self.lot.finish_match(ticket, lease)
         return lease

@@ -24,7 +24,7 @@ _common_worker = {
     "503": _resp("database unreachable, not the leader, or too many parked requests", _error, _retry),
 }
 _lease_path = {"name": "submission_id", "in": "path", "required": True,
-               "schema": {"type": "integer", "minimum": 1}}
+               "schema": {"type": "integer", "minimum": 1, "maximum": 9223372036854775807}}
 
 SPEC = {
     "openapi": "3.0.3",

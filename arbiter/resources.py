@@ -13,7 +13,7 @@ import falcon
 from psycopg.rows import dict_row
 
 from . import leases, probes
-from .dispatcher import Overloaded, Ticket
+from .tickets import Overloaded, Ticket, TooManyParked
 from .leases import WriteOutcome
 from .metrics import METRICS
 from .sqlfiles import Statements
@@ -171,6 +171,12 @@ class Acquire(_Base):
         except Overloaded:
             METRICS.inc("arbiter_acquires_total", outcome="overloaded")
             raise _unavailable("too many parked acquire requests", 1) from None
+        except TooManyParked:
+            METRICS.inc("arbiter_acquires_total", outcome="worker_parking_full")
+            raise falcon.HTTPTooManyRequests(
+                title="too many parked requests",
+                description=f"this worker already has {self.settings.max_parked_per_worker} acquire requests "
+                            "parked; wait for one to be answered", retry_after=1) from None
         try:
             ticket.event.wait(wait)
         finally:

@@ -1,0 +1,196 @@
+"""Parked acquire requests ("tickets") and their lifecycle: an explicit state machine.
+
+A ticket is one waiting ``POST /v1/acquire``. Two parties touch it: the request (it parks, and
+leaves when answered, timed out, or superseded) and the dispatch loop (it matches parked tickets
+with work, one acquire transaction each). Every change of state is one named transition of the
+ParkingLot below, under its lock:
+
+    park           (new)     -> PARKED      the request waits in the lot
+    begin_match    PARKED    -> MATCHING    a round runs the acquire transaction for it
+    finish_match   MATCHING  -> LEASED      it got a lease (the request answers with it)
+                   MATCHING  -> PARKED      no work for it this round; it waits on
+                   MATCHING  -> WITHDRAWN   no work, and its request left meanwhile
+    withdraw       PARKED    -> WITHDRAWN   its request left, was superseded by a retry with the
+                                            same request_id, or leadership was lost
+
+LEASED and WITHDRAWN are final. The lot holds only tickets whose request still waits: a ticket
+leaves the lot the moment its request leaves, whatever its state, so no place is ever held for a
+request that is gone. A request that leaves while its ticket is MATCHING waits a moment for the
+transaction; if it cannot wait longer, the ticket is marked abandoned, and a lease granted after
+that is simply never confirmed (it expires after unconfirmed_secs, or the worker's retry of the
+same request_id gets it back through lease_grants).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import leases
+from .metrics import METRICS
+
+log = logging.getLogger("arbiter.tickets")
+
+
+class Overloaded(Exception):
+    """All parking places are taken; the caller should answer 503 with Retry-After."""
+
+
+class TooManyParked(Exception):
+    """This worker already has its share of parking places; the caller should answer 429."""
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    worker_id: str
+    kind: str  # home | production
+    languages: tuple[str, ...]
+
+
+class TicketState(enum.Enum):
+    PARKED = "parked"
+    MATCHING = "matching"
+    LEASED = "leased"
+    WITHDRAWN = "withdrawn"
+
+
+@dataclass(eq=False)
+class Ticket:
+    worker: WorkerIdentity
+    request_id: str
+    languages: tuple[str, ...]
+    parked_at: float = field(default_factory=time.monotonic)
+    state: TicketState = TicketState.PARKED
+    lease: leases.Lease | None = None
+    # Its request has left (or been superseded) while a round was matching it.
+    leaving: bool = False
+    # Its request stopped waiting for the match: a lease granted now reaches nobody.
+    abandoned: bool = False
+    # Set whenever the request should look again: LEASED, WITHDRAWN.
+    event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.worker.worker_id, self.request_id
+
+
+class ParkingLot:
+    """The tickets whose requests still wait, and the transitions above. Thread-safe."""
+
+    def __init__(self, capacity: int, per_worker: int):
+        self.capacity = capacity
+        self.per_worker = per_worker
+        self._lock = threading.Lock()
+        self._tickets: dict[tuple[str, str], Ticket] = {}
+        self._per_worker: dict[str, int] = {}
+
+    # -- the request's side ------------------------------------------------------
+    def park(self, ticket: Ticket) -> None:
+        """(new) -> PARKED. A retry of the same request_id takes the earlier ticket's place."""
+        with self._lock:
+            previous = self._tickets.get(ticket.key)
+            if previous is not None:
+                self._remove(previous)
+                self._withdraw(previous)
+            elif len(self._tickets) >= self.capacity:
+                raise Overloaded()
+            elif self._per_worker.get(ticket.worker.worker_id, 0) >= self.per_worker:
+                raise TooManyParked()
+            ticket.state = TicketState.PARKED
+            self._tickets[ticket.key] = ticket
+            self._per_worker[ticket.worker.worker_id] = self._per_worker.get(ticket.worker.worker_id, 0) + 1
+            self._gauge()
+
+    def leave(self, ticket: Ticket, wait_if_matching: float) -> leases.Lease | None:
+        """The request is leaving (answered or timed out): out of the lot now; its lease if it got one.
+
+        If a round is matching it, wait up to ``wait_if_matching`` for the transaction's outcome."""
+        with self._lock:
+            self._remove(ticket)
+            if ticket.state is TicketState.PARKED:
+                self._withdraw(ticket)
+            if ticket.state is not TicketState.MATCHING:
+                return ticket.lease if ticket.state is TicketState.LEASED else None
+            ticket.leaving = True
+        ticket.event.wait(wait_if_matching)
+        with self._lock:
+            if ticket.state is TicketState.MATCHING:
+                ticket.abandoned = True
+                return None
+            return ticket.lease if ticket.state is TicketState.LEASED else None
+
+    # -- the dispatch loop's side -------------------------------------------------
+    def begin_match(self, ticket: Ticket) -> bool:
+        """PARKED -> MATCHING; False if the ticket is no longer PARKED (its request left)."""
+        with self._lock:
+            if ticket.state is not TicketState.PARKED:
+                return False
+            ticket.state = TicketState.MATCHING
+            return True
+
+    def finish_match(self, ticket: Ticket, lease: leases.Lease | None) -> None:
+        """MATCHING -> LEASED | PARKED | WITHDRAWN."""
+        with self._lock:
+            if ticket.state is not TicketState.MATCHING:
+                raise RuntimeError(f"finish_match on a {ticket.state.value} ticket")
+            if lease is not None:
+                ticket.lease = lease
+                ticket.state = TicketState.LEASED
+                ticket.event.set()
+                if ticket.abandoned:
+                    METRICS.inc("arbiter_leases_unanswered_total")
+                    log.warning("lease granted to a request that has left; it expires unconfirmed unless the "
+                                "worker repeats the request_id",
+                                extra={"submission_id": lease.submission_id, "worker_id": ticket.worker.worker_id})
+            elif ticket.leaving:
+                ticket.state = TicketState.WITHDRAWN
+                ticket.event.set()
+            else:
+                ticket.state = TicketState.PARKED
+
+    def withdraw_all(self) -> None:
+        """Leadership lost: every waiting request is answered now (it will retry elsewhere or later).
+        A ticket being matched ends when its transaction does, LEASED or WITHDRAWN."""
+        with self._lock:
+            for ticket in list(self._tickets.values()):
+                self._remove(ticket)
+                self._withdraw(ticket)
+            self._gauge()
+
+    # -- looking ---------------------------------------------------------------------
+    def parked(self) -> list[Ticket]:
+        """The tickets a round may match, oldest first."""
+        with self._lock:
+            return [t for t in self._tickets.values() if t.state is TicketState.PARKED]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tickets)
+
+    def __contains__(self, ticket: Ticket) -> bool:
+        with self._lock:
+            return self._tickets.get(ticket.key) is ticket
+
+    # -- under the lock ------------------------------------------------------------------
+    def _withdraw(self, ticket: Ticket) -> None:
+        if ticket.state is TicketState.PARKED:
+            ticket.state = TicketState.WITHDRAWN
+            ticket.event.set()
+        elif ticket.state is TicketState.MATCHING:
+            ticket.leaving = True
+
+    def _remove(self, ticket: Ticket) -> None:
+        if self._tickets.get(ticket.key) is ticket:
+            del self._tickets[ticket.key]
+            left = self._per_worker[ticket.worker.worker_id] - 1
+            if left:
+                self._per_worker[ticket.worker.worker_id] = left
+            else:
+                del self._per_worker[ticket.worker.worker_id]
+            self._gauge()
+
+    def _gauge(self) -> None:
+        METRICS.set_gauge("arbiter_parked_requests", len(self._tickets))

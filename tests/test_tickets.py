@@ -1,0 +1,252 @@
+"""The parked-ticket state machine (arbiter/tickets.py), transition by transition, and the
+interleavings of a request leaving, a retry, a match and a leadership loss.
+
+The first part needs nothing but the lot; the last part runs the real dispatcher in this process
+(no gunicorn) against a real database, with its acquire transaction held open at will."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from arbiter import faults
+from arbiter.config import ArbiterSettings
+from arbiter.db import DbHealth
+from arbiter.dispatcher import Dispatcher
+from arbiter.tickets import Overloaded, ParkingLot, Ticket, TicketState, TooManyParked, WorkerIdentity
+from fixtures_data import seed_problem, seed_submissions
+from procs import add_worker
+
+HOME1 = WorkerIdentity("home-1", "home", ("python3",))
+HOME2 = WorkerIdentity("home-2", "home", ("python3",))
+class _Lease:  # what a lease holds does not matter to the lot
+    submission_id = 1
+
+
+LEASE = _Lease()
+
+
+def ticket(worker=HOME1, request_id="r1") -> Ticket:
+    return Ticket(worker=worker, request_id=request_id, languages=worker.languages)
+
+
+def test_parked_matched_leased_then_the_request_takes_the_lease():
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    assert t.state is TicketState.PARKED and lot.parked() == [t]
+    assert lot.begin_match(t) and t.state is TicketState.MATCHING
+    assert lot.parked() == [], "a ticket being matched is not offered to the round again"
+    lot.finish_match(t, LEASE)
+    assert t.state is TicketState.LEASED and t.event.is_set()
+    assert lot.leave(t, 0) is LEASE
+    assert len(lot) == 0
+
+
+def test_no_work_puts_the_ticket_back_to_wait():
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    assert lot.begin_match(t)
+    lot.finish_match(t, None)
+    assert t.state is TicketState.PARKED and lot.parked() == [t] and not t.event.is_set()
+
+
+def test_a_request_that_leaves_is_withdrawn_and_never_matched_later():
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    assert lot.leave(t, 0) is None
+    assert t.state is TicketState.WITHDRAWN and len(lot) == 0
+    assert not lot.begin_match(t), "a round holding an old snapshot must not match it"
+
+
+def test_a_request_leaving_during_the_match_gets_the_lease_if_it_comes_in_time():
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    assert lot.begin_match(t)
+    threading.Timer(0.1, lot.finish_match, (t, LEASE)).start()
+    assert lot.leave(t, 5.0) is LEASE
+    assert t.state is TicketState.LEASED and not t.abandoned and len(lot) == 0
+
+
+def test_a_request_that_cannot_wait_for_its_match_leaves_no_place_taken():
+    """Formerly: unpark gave up after 5 s and the ticket stayed in the lot for good."""
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    assert lot.begin_match(t)
+    assert lot.leave(t, 0.01) is None
+    assert len(lot) == 0 and t.abandoned
+    lot.finish_match(t, None)
+    assert t.state is TicketState.WITHDRAWN, "never back to PARKED once its request left"
+    assert lot.parked() == [] and len(lot) == 0
+
+
+def test_a_lease_granted_after_the_request_left_is_final_and_flagged():
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    lot.begin_match(t)
+    lot.leave(t, 0.01)
+    lot.finish_match(t, LEASE)
+    assert t.state is TicketState.LEASED and t.abandoned and len(lot) == 0
+
+
+def test_a_retry_takes_the_place_of_a_parked_ticket():
+    lot, first, retry = ParkingLot(1, 1), ticket(), ticket()
+    lot.park(first)
+    lot.park(retry)  # the lot is full (capacity 1, one per worker): a retry still fits
+    assert first.state is TicketState.WITHDRAWN and first.event.is_set()
+    assert lot.parked() == [retry] and len(lot) == 1
+    assert not lot.begin_match(first)
+
+
+def test_a_retry_during_the_match_does_not_undo_the_match():
+    """Formerly: park marked the matching ticket cancelled and the match then overwrote that."""
+    lot, first, retry = ParkingLot(10, 4), ticket(), ticket()
+    lot.park(first)
+    assert lot.begin_match(first)
+    lot.park(retry)
+    assert first.state is TicketState.MATCHING and first.leaving
+    assert lot.parked() == [retry]
+    lot.finish_match(first, LEASE)
+    assert first.state is TicketState.LEASED and first.event.is_set()
+    assert retry.state is TicketState.PARKED and lot.parked() == [retry]
+    # and when the match found nothing, the superseded ticket ends, it does not wait on
+    first2, retry2 = ticket(request_id="r2"), ticket(request_id="r2")
+    lot.park(first2)
+    lot.begin_match(first2)
+    lot.park(retry2)
+    lot.finish_match(first2, None)
+    assert first2.state is TicketState.WITHDRAWN and first2.event.is_set()
+    assert {t.request_id for t in lot.parked()} == {"r1", "r2"} and retry2 in lot
+
+
+def test_leadership_lost_answers_every_waiting_request_and_a_match_in_flight_ends():
+    lot, waiting, matched, unmatched = ParkingLot(10, 4), ticket(), ticket(request_id="m"), ticket(HOME2, "n")
+    for t in (waiting, matched, unmatched):
+        lot.park(t)
+    lot.begin_match(matched)
+    lot.begin_match(unmatched)
+    lot.withdraw_all()
+    assert len(lot) == 0 and lot.parked() == []
+    assert waiting.state is TicketState.WITHDRAWN and waiting.event.is_set()
+    lot.finish_match(matched, LEASE)
+    lot.finish_match(unmatched, None)
+    assert matched.state is TicketState.LEASED and unmatched.state is TicketState.WITHDRAWN
+    assert lot.leave(matched, 0) is LEASE and lot.leave(unmatched, 0) is None
+
+
+def test_capacity_and_the_per_worker_share():
+    lot = ParkingLot(3, 2)
+    lot.park(ticket(HOME1, "a"))
+    lot.park(ticket(HOME1, "b"))
+    with pytest.raises(TooManyParked):
+        lot.park(ticket(HOME1, "c"))
+    lot.park(ticket(HOME2, "a"))
+    with pytest.raises(Overloaded):
+        lot.park(ticket(HOME2, "b"))
+    leaving = lot.parked()[0]
+    lot.leave(leaving, 0)
+    lot.park(ticket(HOME1, "c"))  # a place freed by a request that left is free again
+    assert len(lot) == 3
+
+
+def test_finish_match_without_begin_is_a_bug_not_a_silent_change():
+    lot, t = ParkingLot(10, 4), ticket()
+    lot.park(t)
+    with pytest.raises(RuntimeError):
+        lot.finish_match(t, None)
+
+
+# -- the real dispatcher in this process, against a real database ---------------------------------
+class HeldCommit:
+    """The fault hook inside the acquire transaction: the round stops there until released."""
+
+    def __init__(self):
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self):
+        self.inside.set()
+        assert self.release.wait(30)
+
+
+@pytest.fixture
+def dispatcher(db, monkeypatch):
+    with db.connect() as conn:
+        seed_problem(conn)
+        add_worker(conn, "home-1")
+    settings = ArbiterSettings(dsn=db.dsn)
+    d = Dispatcher(settings, DbHealth(), is_leader=lambda: True)
+    d._work = db.connect()
+    held = HeldCommit()
+    monkeypatch.setattr(faults, "before_commit_hook", lambda: held)
+    yield d, held, db
+    held.release.set()
+    d._work.close()
+
+
+def _round_in_thread(d: Dispatcher) -> threading.Thread:
+    thread = threading.Thread(target=d.round)
+    thread.start()
+    return thread
+
+
+def test_a_request_that_leaves_while_its_lease_commits_holds_no_place_and_is_not_matched_again(dispatcher):
+    d, held, db = dispatcher
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+    t = ticket()
+    d.park(t)
+    round_ = _round_in_thread(d)
+    assert held.inside.wait(10)
+    assert d.unpark(t, wait_if_matching=0.05) is None  # the request could not wait any longer
+    assert len(d.lot) == 0
+    held.release.set()
+    round_.join(10)
+    assert t.state is TicketState.LEASED and t.abandoned
+    # A later round has nothing to give it, and the lease stays unconfirmed (it expires on its own).
+    d.round()
+    assert len(d.lot) == 0 and d.parked_snapshot() == []
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (1,)
+        assert conn.execute("SELECT status, lease_confirmed_at FROM submissions WHERE id = %s",
+                            (sid,)).fetchone() == ("judging", None)
+
+
+def test_a_retry_of_the_request_id_during_the_commit_gets_the_same_lease_and_no_second_one(dispatcher):
+    d, held, db = dispatcher
+    with db.connect() as conn:
+        seed_submissions(conn, 2)
+    first, retry = ticket(), ticket()
+    d.park(first)
+    round_ = _round_in_thread(d)
+    assert held.inside.wait(10)
+    d.park(retry)  # the worker's retry arrives while the first attempt's transaction is open
+    held.release.set()
+    round_.join(10)
+    assert first.state is TicketState.LEASED
+    d.round()
+    assert retry.state is TicketState.LEASED
+    assert retry.lease.lease_token == first.lease.lease_token
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging'").fetchone() == (1,)
+    assert d.unpark(retry) is retry.lease and len(d.lot) == 0
+
+
+def test_leadership_lost_during_a_commit_answers_everyone_and_the_lease_is_not_lost(dispatcher):
+    d, held, db = dispatcher
+    with db.connect() as conn:
+        seed_submissions(conn, 1)
+        add_worker(conn, "home-2")
+    matched, waiting = ticket(), ticket(HOME2, "w")
+    d.park(matched)
+    round_ = _round_in_thread(d)
+    assert held.inside.wait(10)
+    d.park(waiting)
+    d.cancel_all()
+    assert waiting.event.is_set() and waiting.state is TicketState.WITHDRAWN
+    held.release.set()
+    round_.join(10)
+    assert matched.state is TicketState.LEASED  # the lease it committed reaches its request
+    assert d.unpark(matched) is matched.lease and d.unpark(waiting) is None
+    assert len(d.lot) == 0
