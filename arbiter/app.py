@@ -8,6 +8,7 @@ import falcon
 
 from . import db, resources
 from .auth import WorkerAuth
+from .operator_access import OperatorAccess
 
 log = logging.getLogger("arbiter.app")
 
@@ -56,7 +57,8 @@ ROUTES = [
 
 
 def create_app(runtime) -> falcon.App:
-    app = falcon.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime)])
+    app = falcon.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
+                                 OperatorAccess(runtime.settings.operator_token)])
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(db.UNAVAILABLE, _database_unavailable(runtime))

@@ -50,6 +50,12 @@ class ArbiterSettings:
     db_timeout_secs: float = 3.0
     credential_cache_secs: float = 5.0
     instance_name: str = ""
+    # Who may read /metrics, /v1/status and /status: with no token, loopback clients only; with one
+    # (from operator_token_file, mode 0600), anyone presenting it (Bearer, or Basic's password).
+    operator_token: str = ""
+
+    def __repr__(self) -> str:  # never a secret in a log line or a traceback
+        return "ArbiterSettings(...)"
 
     @property
     def threads(self) -> int:
@@ -88,6 +94,19 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
             raw["dsn"] = Path(dsn_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"dsn_file {dsn_file}: {exc.strerror}") from None
+    token_file = raw.pop("operator_token_file", None)
+    if token_file:
+        try:
+            path_ = Path(token_file)
+            mode = path_.stat().st_mode & 0o777
+            raw["operator_token"] = path_.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"operator_token_file {token_file}: {exc.strerror}") from None
+        if mode & 0o077:
+            raise ConfigError(f"operator_token_file {token_file} is readable by group/others (mode {oct(mode)}); "
+                              "chmod 600 it")
+        if len(raw["operator_token"]) < 16:
+            raise ConfigError(f"operator_token_file {token_file} holds fewer than 16 characters")
     for env, key in _ENV_OVERRIDES.items():
         if os.environ.get(env):
             raw[key] = os.environ[env]

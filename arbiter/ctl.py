@@ -15,6 +15,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import credentials, dbroles, leases, migrations
+from .status import queue_snapshot
 from .sqlfiles import Statements
 
 OPS = Statements("operator.sql")
@@ -118,15 +119,16 @@ def cmd_rejudge(args, conn) -> int:
 
 def cmd_status(args, conn) -> int:
     with conn.cursor(row_factory=dict_row) as cur:
-        queue = cur.execute(OPS.status_queue).fetchall()
+        queue = queue_snapshot(cur)
         in_flight = cur.execute(OPS.status_leases).fetchall()
         workers = cur.execute(OPS.status_workers).fetchall()
     if args.json:
-        print(json.dumps({"queue": queue, "leases": in_flight, "workers": workers}, default=str, indent=2))
+        print(json.dumps({**queue, "leases": in_flight, "workers": workers}, default=str, indent=2))
         return 0
     print("queue:")
-    for row in queue:
-        print(f"  {row['status']:<13} {row['count']:>6}")
+    for status, count in queue["queue"].items():
+        print(f"  {status:<13} {count:>6}")
+    print(f"  {'decided':<13} ~{queue['decided_estimate']:>5} (estimate)")
     print("leases in flight:")
     if not in_flight:
         print("  (none)")

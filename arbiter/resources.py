@@ -13,6 +13,7 @@ import falcon
 from psycopg.rows import dict_row
 
 from . import leases, probes
+from .status import queue_snapshot
 from .tickets import Overloaded, Ticket, TooManyParked
 from .leases import WriteOutcome
 from .metrics import METRICS
@@ -259,6 +260,8 @@ class Readyz(_Base):
 
 
 class Metrics(_Base):
+    operator = True
+
     def on_get(self, req, resp):
         probes.readiness(self.runtime)  # refreshes the probe gauges
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
@@ -267,20 +270,24 @@ class Metrics(_Base):
 
 def status_snapshot(runtime) -> dict:
     with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        queue = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
+        queue = queue_snapshot(cur)
         in_flight = cur.execute(OPS.status_leases).fetchall()
         workers = cur.execute(OPS.status_workers).fetchall()
     _, ready = probes.readiness(runtime)
-    return {"arbiter": ready, "queue": queue, "leases": in_flight,
+    return {"arbiter": ready, **queue, "leases": in_flight,
             "workers": [{k: v for k, v in w.items()} for w in workers]}
 
 
 class StatusJson(_Base):
+    operator = True
+
     def on_get(self, req, resp):
         _json(resp, falcon.HTTP_200, json.loads(json.dumps(status_snapshot(self.runtime), default=str)))
 
 
 class StatusPage(_Base):
+    operator = True
+
     def on_get(self, req, resp):
         from .status_page import render
 

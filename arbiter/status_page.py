@@ -14,7 +14,8 @@ def _table(headers: list[str], rows: list[list]) -> str:
 def render(snapshot: dict) -> str:
     arbiter = snapshot["arbiter"]
     state = "ready" if arbiter["ready"] else "NOT READY: " + "; ".join(arbiter["reasons"])
-    queue = _table(["status", "count"], [[k, v] for k, v in sorted(snapshot["queue"].items())])
+    queue = _table(["status", "count"], [[k, v] for k, v in sorted(snapshot["queue"].items())] +
+                   [["decided (estimate)", f"~{snapshot['decided_estimate']}"]])
     in_flight = _table(["submission", "worker", "gen", "attempt", "age s", "expires in s", "confirmed"],
                        [[r["submission_id"], r["worker_id"], r["lease_gen"], r["judge_attempts"], r["age_s"],
                          r["expires_in_s"], r["confirmed"]] for r in snapshot["leases"]])

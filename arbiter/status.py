@@ -1,0 +1,15 @@
+"""What the status endpoints and `judgectl status` report about the queue, at a cost that follows
+the live work, not the history (a site with ten years of submissions answers as fast as a new one)."""
+
+from __future__ import annotations
+
+from .sqlfiles import Statements
+
+OPS = Statements("operator.sql")
+
+
+def queue_snapshot(cur) -> dict:
+    """Live work exactly (pending, judging), everything decided as an estimate. ``cur`` returns dicts."""
+    live = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
+    total = cur.execute(OPS.status_rows_estimate).fetchone()["estimate"]
+    return {"queue": live, "decided_estimate": max(total - sum(live.values()), 0)}
