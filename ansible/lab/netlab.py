@@ -181,6 +181,7 @@ class Lab:
     def _secrets(self) -> None:
         values = {
             "judge_arbiter_db_password": secrets.token_urlsafe(24),
+            "judge_arbiter_operator_token": secrets.token_urlsafe(24),
             "judge_worker_credentials": {w: f"{w}.{secrets.token_urlsafe(32)}" for w in WORKERS},
             "judge_legacy_db_passwords": {w: secrets.token_urlsafe(24) for w in WORKERS},
         }

@@ -49,6 +49,22 @@ def check_arbiter_node(arbiter, stage: int) -> None:
     ready = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
         "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5).status)"))
     assert ready.stdout.strip() == "200", ready.stdout + ready.stderr
+    # The lab sets an operator token: /metrics answers only to it, even on loopback. The check reads
+    # the token on the host itself, so it never crosses a command line.
+    token = arbiter.file("/etc/judge-arbiter/operator-token")
+    assert token.mode == 0o600 and token.user == "judge-arbiter"
+    assert "operator_token_file" in conf.content_string
+    metrics = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
+        "import urllib.request, urllib.error\n"
+        "token = open('/etc/judge-arbiter/operator-token').read().strip()\n"
+        "for headers in ({}, {'Authorization': 'Bearer ' + token}):\n"
+        "    try:\n"
+        "        r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8080/metrics', headers=headers),"
+        " timeout=5)\n"
+        "        print(r.status)\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        print(e.code)\n"))
+    assert metrics.stdout.split() == ["401", "200"], metrics.stdout + metrics.stderr
 
 
 def check_worker_node(node, worker: str, stage: int) -> None:
