@@ -142,6 +142,42 @@ def test_missing_test_data_is_system_error_with_a_reason(judge):
     assert result.verdict == "system_error" and "no test data for problem 99" in result.detail["reason"]
 
 
+# A correct A+B that writes a lot of debug output to stderr first.
+STDERR_CHATTY_C = r"""
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    static char line[1 << 20];
+    memset(line, 'x', sizeof line);
+    for (int i = 0; i < %d; i++) fwrite(line, 1, sizeof line, stderr);
+    fputs("last words on stderr\n", stderr);
+    long a, b;
+    if (scanf("%%ld %%ld", &a, &b) != 2) return 1;
+    printf("%%ld\n", a + b);
+    return 0;
+}
+"""
+
+
+def test_stderr_is_never_charged_as_the_programs_memory(judge):
+    """48 MB of stderr from a program using about 1 MB, under a 32 MB limit: AC, its own memory."""
+    chatty = Judge(judge.sandbox, judge.testdata_dir, judge.work_dir, output_limit_kb=8192, stderr_limit_kb=65536)
+    result = chatty.judge(job("c", STDERR_CHATTY_C % 48, memory_limit_kb=32768))
+    assert result.verdict == "AC", result.detail
+    # Its own memory is about 2 MB (a 1 MB buffer, libc, the sandbox's pages). With stderr written to a
+    # file the page cache of it was charged too: 10.6 MB here, 69 MB in the report of issue #14.
+    assert result.memory_kb < 8192, result.detail
+
+
+def test_stderr_past_its_limit_is_ole_and_only_its_tail_is_kept(judge):
+    result = judge.judge(job("c", STDERR_CHATTY_C % 16))  # the fixture's stderr limit: 8 MB
+    assert result.verdict == "OLE", result.detail
+    failed = judge.judge(job("python3", "import sys\nprint('trace line', file=sys.stderr)\n" + "1 / 0\n"))
+    assert failed.verdict == "RE"
+    tail = failed.detail["stderr_tail"]
+    assert "ZeroDivisionError" in tail and "trace line" in tail and len(tail) <= 1000
+
+
 def test_token_comparison(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_text("1 2\n3\n")

@@ -24,6 +24,8 @@ class SandboxConfig:
     uid: int = 65534
     gid: int = 65534
     output_limit_kb: int = 65536
+    # A program's stderr past this is OLE; only its tail is kept. Never charged as its memory.
+    stderr_limit_kb: int = 8192
     max_processes: int = 64
     wall_factor: float = 3.0
     # The cgroup below which this worker's runs are made: two workers on one kernel may keep apart.
@@ -59,8 +61,8 @@ _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "tes
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
         "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
         "legacy_idle_fresh_secs": float, "sandbox": dict}
-_SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "max_processes": int, "wall_factor": float,
-            "cgroup_parent": str}
+_SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "stderr_limit_kb": int, "max_processes": int,
+            "wall_factor": float, "cgroup_parent": str}
 
 
 def _check_types(section: str, raw: dict, schema: dict) -> None:
@@ -138,6 +140,9 @@ def load(path: str | Path) -> WorkerConfig:
     sandbox = SandboxConfig(**sandbox_raw)
     if sandbox.uid == 0 or sandbox.gid == 0:
         raise ConfigError("sandbox uid/gid must not be 0: submissions never run as root")
+    for key in ("output_limit_kb", "stderr_limit_kb", "max_processes"):
+        if getattr(sandbox, key) <= 0:
+            raise ConfigError(f"sandbox.{key} must be > 0")
     if not cgroups.PARENT_NAME.match(sandbox.cgroup_parent):
         raise ConfigError("sandbox.cgroup_parent must be one cgroup name: 1-63 chars of A-Z, a-z, 0-9, '_', '.', '-'")
     testdata = Path(raw["testdata_dir"])

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile
 
+# How much of a failed test's stderr goes into the verdict's detail (its end: a traceback's last lines).
+STDERR_DETAIL_CHARS = 1000
+
 log = logging.getLogger("worker.judge")
 
 LANGUAGES = {
@@ -85,11 +88,12 @@ def find_tests(testdata_dir: Path, job: Job) -> tuple[list[tuple[Path, Path]], s
 
 class Judge:
     def __init__(self, sandbox: Sandbox, testdata_dir: Path, work_dir: Path, output_limit_kb: int = 65536,
-                 wall_factor: float = 3.0, max_processes: int = 64):
+                 wall_factor: float = 3.0, max_processes: int = 64, stderr_limit_kb: int = 8192):
         self.sandbox = sandbox
         self.testdata_dir = Path(testdata_dir)
         self.work_dir = Path(work_dir)
         self.output_limit_kb = output_limit_kb
+        self.stderr_limit_kb = stderr_limit_kb
         self.wall_factor = wall_factor
         self.max_processes = max_processes
 
@@ -135,15 +139,16 @@ class Judge:
     def _run_tests(self, spec, job: Job, tests, box: Path, run_dir: Path, cancelled) -> Verdict:
         limits = Limits(cpu_ms=job.time_limit_ms, wall_ms=int(job.time_limit_ms * self.wall_factor) + 1000,
                         memory_kb=job.memory_limit_kb, output_kb=self.output_limit_kb,
-                        max_processes=self.max_processes)
+                        max_processes=self.max_processes, stderr_kb=self.stderr_limit_kb)
         per_test = []
         worst_time = worst_memory = 0
         for index, (inp, expected) in enumerate(tests, start=1):
             if cancelled.is_set():
                 raise JudgeCancelled()
             out_path, err_path = run_dir / f"{index}.out", run_dir / f"{index}.err"
-            with open(inp, "rb") as stdin, open(err_path, "wb") as stderr:
-                result = self.sandbox.run(spec["run"], box=box, stdin=stdin, stdout=out_path, stderr=stderr,
+            # stderr is pumped by this process (never charged as the program's memory); its tail is kept.
+            with open(inp, "rb") as stdin:
+                result = self.sandbox.run(spec["run"], box=box, stdin=stdin, stdout=out_path, stderr=err_path,
                                           limits=limits, cancelled=cancelled)
             if cancelled.is_set():
                 raise JudgeCancelled()  # a 410 on a heartbeat killed the running test
@@ -153,7 +158,10 @@ class Judge:
             per_test.append({"test": index, "verdict": verdict, "time_ms": result.cpu_ms,
                              "wall_ms": result.wall_ms, "memory_kb": result.memory_kb})
             if verdict != "AC":
-                return Verdict(verdict, worst_time, worst_memory, {"tests": per_test, "failed_test": index})
+                failed = {"tests": per_test, "failed_test": index}
+                if result.stderr_tail:
+                    failed["stderr_tail"] = result.stderr_tail[-STDERR_DETAIL_CHARS:]
+                return Verdict(verdict, worst_time, worst_memory, failed)
         return Verdict("AC", worst_time, worst_memory, {"tests": per_test})
 
     @staticmethod

@@ -52,7 +52,8 @@ class Worker:
         self.sandbox = sandbox or Sandbox(uid=cfg.sandbox.uid, gid=cfg.sandbox.gid,
                                           cgroup_parent=cfg.sandbox.cgroup_parent)
         self.judge = Judge(self.sandbox, cfg.testdata_dir, cfg.work_dir, output_limit_kb=cfg.sandbox.output_limit_kb,
-                           wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes)
+                           wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes,
+                           stderr_limit_kb=cfg.sandbox.stderr_limit_kb)
         self.transport = make_transport(cfg)
         self._fallback = None  # the other transport, for outbox entries written under it
         self.judged = 0

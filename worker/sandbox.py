@@ -29,6 +29,8 @@ ETC_RO = ["/etc/ld.so.cache", "/etc/alternatives"]
 # How long the sandbox may take to start the program (namespaces, mounts, the uid switch) before the
 # run is this machine's failure. Not part of the program's wall-clock limit, which starts after it.
 START_TIMEOUT_SECS = 30.0
+# How much of a program's stderr is kept (its end): enough for a traceback's last lines in `detail`.
+STDERR_TAIL_BYTES = 4096
 
 
 class SandboxUnavailable(RuntimeError):
@@ -49,6 +51,8 @@ class Limits:
     output_kb: int = 65536
     max_processes: int = 64
     max_open_files: int = 64
+    # stderr given as a Path is pumped by this process like stdout: past this size the run is OLE.
+    stderr_kb: int = 8192
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class RunResult:
     memory_kb: int
     oom_killed: bool
     wall_timeout: bool
-    output_exceeded: bool
+    output_exceeded: bool  # stdout past output_kb, or stderr past stderr_kb
+    stderr_tail: str = ""  # the last STDERR_TAIL_BYTES of stderr, when stderr was given as a Path
 
 
 class Sandbox:
@@ -122,7 +127,9 @@ class Sandbox:
     def run(self, argv: list[str], *, box: Path, stdin, stdout, stderr, limits: Limits,
             writable_box: bool = False, cancelled: threading.Event | None = None) -> RunResult:
         """Run argv in the sandbox. ``stdout`` may be a Path: the output is then pumped through a pipe
-        by this process (so its page cache is not charged to the run's memory) and cut at the limit."""
+        by this process (so its page cache is not charged to the run's memory) and cut at the limit.
+        ``stderr`` may be a Path too: pumped the same way, only its last STDERR_TAIL_BYTES kept (in the
+        file and in ``RunResult.stderr_tail``), past ``limits.stderr_kb`` the run is OLE."""
         cpu_s = max(1, -(-limits.cpu_ms // 1000))
         # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
         rlimits = [f"--cpu={cpu_s + 1}", f"--fsize={limits.output_kb * 1024}",
@@ -156,12 +163,12 @@ class Sandbox:
         launched = time.monotonic()
         program_started_at: float | None = None
         wall_timeout = False
-        pump = None
+        pump = err_pump = None
         try:
             try:
                 proc = subprocess.Popen(inner, stdin=stdin,
                                         stdout=subprocess.PIPE if isinstance(stdout, Path) else stdout,
-                                        stderr=stderr, close_fds=True, pass_fds=(started_w,), start_new_session=True,
+                                        stderr=subprocess.PIPE if isinstance(stderr, Path) else stderr, close_fds=True, pass_fds=(started_w,), start_new_session=True,
                                         env={"PATH": "/usr/bin:/bin"})
             except OSError as exc:  # fork or exec of the first step failed: out of processes or memory
                 raise SandboxFailure(f"cannot start the sandbox: {exc}") from exc
@@ -169,6 +176,8 @@ class Sandbox:
                 os.close(started_w)
             if isinstance(stdout, Path):
                 pump = _OutputPump(proc.stdout, stdout, limits.output_kb * 1024)
+            if isinstance(stderr, Path):
+                err_pump = _TailPump(proc.stderr, stderr, limits.stderr_kb * 1024, STDERR_TAIL_BYTES)
             # The wall-clock limit is the program's own: it runs from the sandbox's report that it starts
             # the program, not from the launch (namespaces can take seconds to set up on a busy machine,
             # which is not the program's doing). Until then the deadline is START_TIMEOUT_SECS.
@@ -181,7 +190,7 @@ class Sandbox:
                 if program_started_at is None and _reported_start(started_r):
                     program_started_at = time.monotonic()
                     deadline = program_started_at + limits.wall_ms / 1000
-                overflow = pump is not None and pump.exceeded.is_set()
+                overflow = any(p is not None and p.exceeded.is_set() for p in (pump, err_pump))
                 stop = cancelled is not None and cancelled.is_set()
                 if time.monotonic() > deadline or overflow or stop:
                     wall_timeout = program_started_at is not None and not (overflow or stop)
@@ -199,8 +208,9 @@ class Sandbox:
                 program_started_at = ended
             program_started = program_started_at is not None
             wall_ms = int((ended - (program_started_at or launched)) * 1000)
-            if pump is not None:
-                pump.finish()
+            for p in (pump, err_pump):
+                if p is not None:
+                    p.finish()
             oom = group.oom_killed() if group is not None else False
             peak_kb = group.peak_kb() if group is not None else None
         finally:
@@ -227,7 +237,8 @@ class Sandbox:
             memory_kb=peak_kb if peak_kb is not None else usage.ru_maxrss,
             oom_killed=oom,
             wall_timeout=wall_timeout,
-            output_exceeded=sig == signal.SIGXFSZ or (pump is not None and pump.exceeded.is_set()),
+            output_exceeded=sig == signal.SIGXFSZ or any(p is not None and p.exceeded.is_set() for p in (pump, err_pump)),
+            stderr_tail=err_pump.tail_text() if err_pump is not None else "",
         )
 
 
@@ -267,6 +278,43 @@ class _OutputPump(threading.Thread):
 
     def finish(self) -> None:
         self.join(timeout=10)
+
+
+class _TailPump(threading.Thread):
+    """Reads the program's stderr, keeping only its last ``tail`` bytes; past ``limit`` bytes in all it
+    flags the overflow and stops reading. The tail is written to ``path`` at the end."""
+
+    def __init__(self, pipe, path: Path, limit: int, tail: int):
+        super().__init__(daemon=True)
+        self.pipe = pipe
+        self.path = path
+        self.limit = limit
+        self.tail = tail
+        self.kept = bytearray()
+        self.exceeded = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        total = 0
+        while True:
+            chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            self.kept += chunk
+            del self.kept[:-self.tail]
+            if total > self.limit:
+                self.exceeded.set()
+                break
+        self.pipe.close()
+
+    def finish(self) -> None:
+        self.join(timeout=10)
+        self.path.write_bytes(bytes(self.kept))
+
+    def tail_text(self) -> str:
+        # Text PostgreSQL can store: invalid UTF-8 and NUL replaced.
+        return bytes(self.kept).decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 def limits_for_compile() -> Limits:
