@@ -9,6 +9,8 @@ written to docs/benchmarks.md:
 (c) statements per second the database runs while 1 or 50 workers wait idle (pg_stat_statements)
 (d) how long the other workers stall when one worker vanishes in the middle of a claim
 (e) Procrastinate enqueue -> start latency, one worker, same machine and server
+(f) the operator endpoints (/v1/status, /status, /metrics, judgectl status's queries) on a site
+    with 0 and 1,000,000 decided submissions of history, next to the old full GROUP BY
 
 Workers here are protocol-level: the real HTTP client against the real arbiter (gunicorn), and the
 real legacy claim (worker/transport_direct.py) and report (sql/legacy.sql) against the database.
@@ -353,6 +355,57 @@ def stall(kind, site, work) -> float:
         site.drain()
 
 
+OLD_STATUS_QUEUE = "SELECT status, count(*) AS count FROM submissions GROUP BY status ORDER BY status"
+
+
+def timed(call, samples: int) -> float:
+    """p50 seconds of ``call()`` over ``samples`` calls (after one warm-up call)."""
+    call()
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t0)
+    return pct(out, 50)
+
+
+def operator_endpoints(cluster, work: Path, history: int, samples: int) -> dict:
+    """The operator endpoints' p50 on a site with ``history`` decided submissions and a little live work."""
+    import urllib.request
+
+    from psycopg.rows import dict_row
+
+    from arbiter.status import queue_snapshot
+
+    site = Site(cluster, f"bench_history_{history}", "stage4")
+    with site.conn.transaction():
+        if history:
+            site.conn.execute("INSERT INTO submissions (user_id, problem_id, language, source, status) "
+                              "SELECT %s, %s, 'python3', %s, 'AC' FROM generate_series(1, %s)",
+                              (site.user, site.problem, SOURCE, history))
+        site.submit(20)  # live work: pending
+    site.conn.execute("VACUUM ANALYZE submissions")
+    register(site, "home-1")
+    arbiter = Arbiter(site, work)
+    try:
+        def get(path):
+            with urllib.request.urlopen(arbiter.url + path, timeout=30) as r:
+                r.read()
+
+        cur = site.conn.cursor(row_factory=dict_row)
+        figures = {
+            "/v1/status": timed(lambda: get("/v1/status"), samples),
+            "/status": timed(lambda: get("/status"), samples),
+            "/metrics": timed(lambda: get("/metrics"), samples),
+            "queue query (now)": timed(lambda: queue_snapshot(cur), samples),
+            "queue query (before: GROUP BY status)": timed(lambda: cur.execute(OLD_STATUS_QUEUE).fetchall(), samples),
+        }
+    finally:
+        arbiter.stop()
+        site.conn.close()
+    return figures
+
+
 def procrastinate_latency(dsn: str, samples: int) -> list[float] | str:
     try:
         import procrastinate_peer
@@ -366,13 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=60, help="latency samples per point (default 60)")
     parser.add_argument("--write", help="write the results as markdown to this file")
+    parser.add_argument("--history", default="0,1000000",
+                        help="decided submissions of history for (f), comma-separated (default 0,1000000)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="judge-bench-"))
     work.chmod(0o755)  # the postgres OS user runs the server below it
     cluster = devcluster.LocalCluster(work / "pg", fast=True, settings={
         "shared_preload_libraries": "'pg_stat_statements'", "max_connections": "400"}).init().start()
-    results: dict = {"latency": {}, "throughput": {}, "idle": {}, "stall": {}}
+    results: dict = {"latency": {}, "throughput": {}, "idle": {}, "stall": {}, "operator": {}}
     lines: list[str] = []
 
     def say(text: str = "") -> None:
@@ -432,6 +487,21 @@ def main(argv: list[str] | None = None) -> int:
             say(f"| Procrastinate {__import__('procrastinate').__version__} (notify + 5 s polling fallback) | {ms(pct(peer, 50))} | "
                 f"{ms(pct(peer, 99))} |")
             say(f"| judge-arbiter (1 waiting worker, from (a)) | {ms(arb1[0])} | {ms(arb1[1])} |")
+        say()
+        histories = [int(x) for x in args.history.split(",")]
+        say(f"## (f) operator endpoints on a site with history (p50 of {args.samples} calls; 20 pending)")
+        say()
+        say("Decided submissions of history in the columns; the last column is the ratio to the empty site "
+            "(goal: at most 2x).")
+        say()
+        for history in histories:
+            results["operator"][history] = operator_endpoints(cluster, work, history, args.samples)
+        first, last = histories[0], histories[-1]
+        say("| call | " + " | ".join(f"{h:,}" for h in histories) + f" | {last:,} / {first:,} |")
+        say("|---|" + "---|" * (len(histories) + 1))
+        for call in results["operator"][first]:
+            row = [results["operator"][h][call] for h in histories]
+            say(f"| {call} | " + " | ".join(ms(x) for x in row) + f" | {row[-1] / row[0]:.1f}x |")
         say()
     finally:
         cluster.destroy()
