@@ -21,7 +21,14 @@ _common_worker = {
     "400": _resp("malformed JSON or request", _error),
     "401": _resp("missing, unknown or revoked credential", _error),
     "413": _resp("body larger than the configured limit", _error),
+    # Beside each call's own 422s: a value PostgreSQL cannot store (NUL, a lone surrogate, 1e400).
+    "422": _resp("a value that cannot be stored (the description names the field)", _error),
     "503": _resp("database unreachable, not the leader, or too many parked requests", _error, _retry),
+}
+# The operator endpoints: loopback only, or whoever presents the operator token (docs/protocol.md).
+_operator = {
+    "401": _resp("an operator token is configured and was not presented", _error),
+    "403": _resp("no operator token is configured and the client is not on loopback", _error),
 }
 _lease_path = {"name": "submission_id", "in": "path", "required": True,
                "schema": {"type": "integer", "minimum": 1, "maximum": 9223372036854775807}}
@@ -32,7 +39,11 @@ SPEC = {
              "description": "Lease protocol between judge workers and the central arbiter."},
     "components": {
         "securitySchemes": {"worker": {"type": "http", "scheme": "bearer",
-                                       "description": "<worker_id>.<secret> as issued by `judgectl worker add`"}},
+                                       "description": "<worker_id>.<secret> as issued by `judgectl worker add`"},
+                            "operator": {"type": "http", "scheme": "bearer",
+                                         "description": "the arbiter's operator token (or HTTP Basic with it as "
+                                                        "the password); loopback clients need none when no "
+                                                        "token is configured"}},
         "schemas": {
             "Error": {"type": "object", "properties": {"title": {"type": "string"},
                                                         "description": {"type": "string"}},
@@ -98,8 +109,10 @@ SPEC = {
                                        {"$ref": "#/components/schemas/Lease"}),
                           "204": _resp("nothing came within the wait"),
                           "410": _resp("this request_id was served and its lease is gone", _error),
-                          "422": _resp("unknown or no usable language", _error),
-                          **_common_worker}}},
+                          **_common_worker,
+                          "422": _resp("unknown or no usable language, or a value that cannot be stored", _error),
+                          "429": _resp("this worker already has max_parked_per_worker requests parked", _error,
+                                       _retry)}}},
         "/v1/leases/{submission_id}/heartbeat": {"post": {
             "summary": "Confirm (first call) or extend a lease",
             "security": [{"worker": []}],
@@ -122,14 +135,17 @@ SPEC = {
                           "403": _resp("the lease belongs to another worker", _error),
                           "404": _resp("no such submission", _error),
                           "410": _resp("stale lease token: nothing was written", _error),
-                          "422": _resp("unknown verdict", _error),
-                          **_common_worker}}},
-        "/v1/status": {"get": {"summary": "Read-only status: queue, leases in flight, workers",
-                               "responses": {"200": _resp("status", {"type": "object"}),
+                          **_common_worker,
+                          "422": _resp("unknown verdict, or a value that cannot be stored", _error)}}},
+        "/v1/status": {"get": {"summary": "Read-only status: live queue, decided (estimate), leases, workers",
+                               "security": [{"operator": []}, {}],
+                               "responses": {"200": _resp("status", {"type": "object"}), **_operator,
                                              "503": _resp("database unreachable", _error, _retry)}}},
         "/status": {"get": {"summary": "Read-only status page (HTML)",
+                            "security": [{"operator": []}, {}],
                             "responses": {"200": {"description": "status page",
                                                   "content": {"text/html": {"schema": {"type": "string"}}}},
+                                          **_operator,
                                           "503": _resp("database unreachable", _error, _retry)}}},
         "/healthz": {"get": {"summary": "Liveness: the process serves HTTP",
                              "responses": {"200": _resp("alive", {"type": "object"})}}},
@@ -137,8 +153,10 @@ SPEC = {
                             "responses": {"200": _resp("ready", {"$ref": "#/components/schemas/Ready"}),
                                           "503": _resp("not ready", {"$ref": "#/components/schemas/Ready"})}}},
         "/metrics": {"get": {"summary": "Prometheus metrics",
+                             "security": [{"operator": []}, {}],
                              "responses": {"200": {"description": "text exposition format",
-                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                           **_operator}}},
         "/openapi.json": {"get": {"summary": "This document",
                                   "responses": {"200": _resp("OpenAPI 3 document", {"type": "object"})}}},
     },
