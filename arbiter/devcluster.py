@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -27,7 +28,31 @@ class ClusterError(RuntimeError):
     pass
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A free TCP port on loopback, for a server started a moment later.
+
+    Chosen below the kernel's ephemeral range: a port from bind(0) is one the kernel also hands to
+    outgoing connections and to other bind(0) calls, so between this check and the server's own bind
+    another process (a client socket, a test's proxy, an SSH session) could take it; ports below the
+    range are taken only by someone asking for them by number."""
+    low, _ = _ephemeral_ports()
+    first = max(1024, low - 12000)
+    for _ in range(200):
+        port = random.randrange(first, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
