@@ -72,6 +72,22 @@ def is_toml_type(value, expected: type) -> bool:
     return isinstance(value, expected) or (expected is float and isinstance(value, int))
 
 
+def read_secret_file(path: str, what: str, error: type[Exception] = ConfigError) -> str:
+    """A secret from a file only its owner may read (shared with the worker's config, which passes its
+    own ``error`` class): one clear error if it is missing, readable by others, or empty."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode & 0o777
+        text = p.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise error(f"{what} {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise error(f"{what} {path} is readable by group/others (mode {oct(mode)}); chmod 600 it")
+    if not text:
+        raise error(f"{what} {path} is empty")
+    return text
+
+
 def _coerce(name: str, expected: type, value):
     if not is_toml_type(value, expected):
         raise ConfigError(f"config key {name!r} must be {expected.__name__}, got {type(value).__name__}")
@@ -96,15 +112,7 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
             raise ConfigError(f"dsn_file {dsn_file}: {exc.strerror}") from None
     token_file = raw.pop("operator_token_file", None)
     if token_file:
-        try:
-            path_ = Path(token_file)
-            mode = path_.stat().st_mode & 0o777
-            raw["operator_token"] = path_.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"operator_token_file {token_file}: {exc.strerror}") from None
-        if mode & 0o077:
-            raise ConfigError(f"operator_token_file {token_file} is readable by group/others (mode {oct(mode)}); "
-                              "chmod 600 it")
+        raw["operator_token"] = read_secret_file(token_file, "operator_token_file")
         if len(raw["operator_token"]) < 16:
             raise ConfigError(f"operator_token_file {token_file} holds fewer than 16 characters")
     for env, key in _ENV_OVERRIDES.items():

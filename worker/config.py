@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arbiter.config import is_toml_type
+from arbiter.config import is_toml_type, read_secret_file
 
 from . import cgroups
 
@@ -29,7 +29,7 @@ class SandboxConfig:
     max_processes: int = 64
     wall_factor: float = 3.0
     # The cgroup below which this worker's runs are made: two workers on one kernel may keep apart.
-    cgroup_parent: str = "judge-sandbox"
+    cgroup_parent: str = cgroups.DEFAULT_PARENT
 
 
 @dataclass(frozen=True)
@@ -75,20 +75,6 @@ def _check_types(section: str, raw: dict, schema: dict) -> None:
             raise ConfigError(f"{section}.{key} must be {expected.__name__}, got {type(value).__name__}")
 
 
-def _read_secret(path: str, what: str) -> str:
-    p = Path(path)
-    try:
-        mode = p.stat().st_mode & 0o777
-        text = p.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{what} {path}: {exc.strerror}") from None
-    if mode & 0o077:
-        raise ConfigError(f"{what} {path} is readable by group/others (mode {oct(mode)}); chmod 600 it")
-    if not text:
-        raise ConfigError(f"{what} {path} is empty")
-    return text
-
-
 def load(path: str | Path) -> WorkerConfig:
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -126,13 +112,13 @@ def load(path: str | Path) -> WorkerConfig:
             raise ConfigError("transport 'arbiter' needs arbiter_urls: a list of http(s)://host:port URLs")
         if not raw.get("credential_file"):
             raise ConfigError("transport 'arbiter' needs credential_file")
-        credential = _read_secret(raw["credential_file"], "credential_file")
+        credential = read_secret_file(raw["credential_file"], "credential_file", ConfigError)
         if not credential.startswith(raw["worker_id"] + "."):
             raise ConfigError(f"credential_file holds a credential for another worker, not {raw['worker_id']!r}")
     if raw.get("dsn") and raw.get("dsn_file"):
         raise ConfigError("give dsn or dsn_file, not both")
     if raw.get("dsn_file"):
-        dsn = _read_secret(raw["dsn_file"], "dsn_file")
+        dsn = read_secret_file(raw["dsn_file"], "dsn_file", ConfigError)
     elif raw.get("dsn"):
         dsn = raw["dsn"]
     if raw["transport"] == "direct" and not dsn:
