@@ -14,8 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from . import credentials, dbroles, leases, migrations
-from .status import queue_snapshot
+from . import credentials, dbroles, leases, migrations, status
 from .sqlfiles import Statements
 
 OPS = Statements("operator.sql")
@@ -119,16 +118,15 @@ def cmd_rejudge(args, conn) -> int:
 
 def cmd_status(args, conn) -> int:
     with conn.cursor(row_factory=dict_row) as cur:
-        queue = queue_snapshot(cur)
-        in_flight = cur.execute(OPS.status_leases).fetchall()
-        workers = cur.execute(OPS.status_workers).fetchall()
+        site = status.snapshot(cur)
     if args.json:
-        print(json.dumps({**queue, "leases": in_flight, "workers": workers}, default=str, indent=2))
+        print(json.dumps(site, default=str, indent=2))
         return 0
+    in_flight, workers = site["leases"], site["workers"]
     print("queue:")
-    for status, count in queue["queue"].items():
-        print(f"  {status:<13} {count:>6}")
-    print(f"  {'decided':<13} ~{queue['decided_estimate']:>5} (estimate)")
+    for state, count in site["queue"].items():
+        print(f"  {state:<13} {count:>6}")
+    print(f"  {'decided':<13} ~{site['decided_estimate']:>5} (estimate)")
     print("leases in flight:")
     if not in_flight:
         print("  (none)")

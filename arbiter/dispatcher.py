@@ -20,7 +20,7 @@ import psycopg
 
 from . import db, faults, leases, sdnotify
 from .metrics import METRICS
-from .tickets import Overloaded, ParkingLot, Ticket, TooManyParked, WorkerIdentity  # noqa: F401 (re-exported)
+from .tickets import ParkingLot, Ticket
 
 log = logging.getLogger("arbiter.dispatcher")
 LEGACY_RECHECK_SECS = 5.0

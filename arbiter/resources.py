@@ -12,15 +12,12 @@ from typing import Any
 import falcon
 from psycopg.rows import dict_row
 
-from . import leases, probes
-from .status import queue_snapshot
+from . import leases, probes, status
 from .tickets import Overloaded, Ticket, TooManyParked
 from .leases import WriteOutcome
 from .metrics import METRICS
-from .sqlfiles import Statements
 
 log = logging.getLogger("arbiter.http")
-OPS = Statements("operator.sql")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # matched whole (fullmatch): no trailing newline
 # A worker's body nests 3-4 levels (detail.tests[i].field); anything deeper is refused before any
 # code recurses over it.
@@ -32,32 +29,34 @@ def _not_a_number(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _unstorable(body: Any) -> tuple[str, str] | None:
-    """The first value PostgreSQL cannot store (text and jsonb refuse NUL and lone surrogates; jsonb
-    refuses non-finite numbers) or nesting past MAX_JSON_DEPTH: (where, what), else None.
+def _check_storable(body: Any) -> None:
+    """400 past MAX_JSON_DEPTH; 422 for the first value PostgreSQL cannot store (text and jsonb refuse
+    NUL and lone surrogates; jsonb refuses non-finite numbers), naming where it is.
 
     Iterative, so a deep body cannot exhaust the stack here either."""
     stack: list[tuple[str, Any, int]] = [("body", body, 0)]
     while stack:
         where, value, depth = stack.pop()
+        problem = None
         if isinstance(value, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
-                return where, f"nests deeper than {MAX_JSON_DEPTH} levels"
+                raise falcon.HTTPBadRequest(title="malformed request",
+                                            description=f"{where} nests deeper than {MAX_JSON_DEPTH} levels")
             if isinstance(value, dict):
                 for key, item in value.items():
                     problem = _bad_text(key)
                     if problem:
-                        return f"a key in {where}", problem
+                        where = f"a key in {where}"
+                        break
                     stack.append((f"{where}.{key}" if where != "body" else key, item, depth + 1))
             else:
                 stack.extend((f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value))
         elif isinstance(value, str):
             problem = _bad_text(value)
-            if problem:
-                return where, problem
         elif isinstance(value, float) and not math.isfinite(value):
-            return where, "is a number out of range"
-    return None
+            problem = "is a number out of range"
+        if problem:
+            raise falcon.HTTPUnprocessableEntity(title="unstorable value", description=f"{where} {problem}")
 
 
 def _bad_text(text: str) -> str | None:
@@ -88,12 +87,7 @@ def read_json(req, max_bytes: int) -> dict[str, Any]:
         raise falcon.HTTPBadRequest(title="malformed JSON", description=str(exc)) from None
     if not isinstance(body, dict):
         raise falcon.HTTPBadRequest(title="malformed request", description="the body must be a JSON object")
-    problem = _unstorable(body)
-    if problem is not None:
-        where, what = problem
-        if what.startswith("nests"):
-            raise falcon.HTTPBadRequest(title="malformed request", description=f"{where} {what}")
-        raise falcon.HTTPUnprocessableEntity(title="unstorable value", description=f"{where} {what}")
+    _check_storable(body)
     return body
 
 
@@ -270,12 +264,9 @@ class Metrics(_Base):
 
 def status_snapshot(runtime) -> dict:
     with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        queue = queue_snapshot(cur)
-        in_flight = cur.execute(OPS.status_leases).fetchall()
-        workers = cur.execute(OPS.status_workers).fetchall()
+        site = status.snapshot(cur)
     _, ready = probes.readiness(runtime)
-    return {"arbiter": ready, **queue, "leases": in_flight,
-            "workers": [{k: v for k, v in w.items()} for w in workers]}
+    return {"arbiter": ready, **site}
 
 
 class StatusJson(_Base):

@@ -8,8 +8,14 @@ from .sqlfiles import Statements
 OPS = Statements("operator.sql")
 
 
-def queue_snapshot(cur) -> dict:
+def queue(cur) -> dict:
     """Live work exactly (pending, judging), everything decided as an estimate. ``cur`` returns dicts."""
     live = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
     total = cur.execute(OPS.status_rows_estimate).fetchone()["estimate"]
     return {"queue": live, "decided_estimate": max(total - sum(live.values()), 0)}
+
+
+def snapshot(cur) -> dict:
+    """The queue, the leases in flight and the workers, as the status endpoints and judgectl show them."""
+    return {**queue(cur), "leases": cur.execute(OPS.status_leases).fetchall(),
+            "workers": cur.execute(OPS.status_workers).fetchall()}

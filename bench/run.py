@@ -375,7 +375,7 @@ def operator_endpoints(cluster, work: Path, history: int, samples: int) -> dict:
 
     from psycopg.rows import dict_row
 
-    from arbiter.status import queue_snapshot
+    from arbiter import status
 
     site = Site(cluster, f"bench_history_{history}", "stage4")
     with site.conn.transaction():
@@ -397,7 +397,7 @@ def operator_endpoints(cluster, work: Path, history: int, samples: int) -> dict:
             "/v1/status": timed(lambda: get("/v1/status"), samples),
             "/status": timed(lambda: get("/status"), samples),
             "/metrics": timed(lambda: get("/metrics"), samples),
-            "queue query (now)": timed(lambda: queue_snapshot(cur), samples),
+            "queue query (now)": timed(lambda: status.queue(cur), samples),
             "queue query (before: GROUP BY status)": timed(lambda: cur.execute(OLD_STATUS_QUEUE).fetchall(), samples),
         }
     finally:
