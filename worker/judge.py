@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile
+from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile, storable_text
 
 # How much of a failed test's stderr goes into the verdict's detail (its end: a traceback's last lines).
 STDERR_DETAIL_CHARS = 1000
@@ -126,8 +126,7 @@ class Judge:
                                       limits=limits_for_compile(), writable_box=True)
         if result.exit_code == 0:
             return None
-        # Text PostgreSQL can store: invalid UTF-8 and NUL (a compiler may echo a hostile source) replaced.
-        message = log_path.read_bytes()[:4000].decode("utf-8", "replace").replace("\x00", "\ufffd")
+        message = storable_text(log_path.read_bytes()[:4000])
         if result.exit_code in (126, 127):
             # The shell in the sandbox could not execute the compiler (gone, not executable): no
             # compiler ever says that about a source file.

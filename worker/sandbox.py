@@ -33,6 +33,12 @@ START_TIMEOUT_SECS = 30.0
 STDERR_TAIL_BYTES = 4096
 
 
+def storable_text(data: bytes) -> str:
+    """A program's or a compiler's bytes as text PostgreSQL can store in `detail`: invalid UTF-8 and
+    NUL (a hostile source can make either appear) replaced."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
 class SandboxUnavailable(RuntimeError):
     """The machine cannot isolate a run (no bwrap, no user namespaces...). Never run unsandboxed."""
 
@@ -163,21 +169,24 @@ class Sandbox:
         launched = time.monotonic()
         program_started_at: float | None = None
         wall_timeout = False
-        pump = err_pump = None
+        pumps: list = []  # stdout's and stderr's, where given as a Path
+        err_pump = None
         try:
             try:
                 proc = subprocess.Popen(inner, stdin=stdin,
                                         stdout=subprocess.PIPE if isinstance(stdout, Path) else stdout,
-                                        stderr=subprocess.PIPE if isinstance(stderr, Path) else stderr, close_fds=True, pass_fds=(started_w,), start_new_session=True,
+                                        stderr=subprocess.PIPE if isinstance(stderr, Path) else stderr,
+                                        close_fds=True, pass_fds=(started_w,), start_new_session=True,
                                         env={"PATH": "/usr/bin:/bin"})
             except OSError as exc:  # fork or exec of the first step failed: out of processes or memory
                 raise SandboxFailure(f"cannot start the sandbox: {exc}") from exc
             finally:
                 os.close(started_w)
             if isinstance(stdout, Path):
-                pump = _OutputPump(proc.stdout, stdout, limits.output_kb * 1024)
+                pumps.append(_OutputPump(proc.stdout, stdout, limits.output_kb * 1024))
             if isinstance(stderr, Path):
                 err_pump = _TailPump(proc.stderr, stderr, limits.stderr_kb * 1024, STDERR_TAIL_BYTES)
+                pumps.append(err_pump)
             # The wall-clock limit is the program's own: it runs from the sandbox's report that it starts
             # the program, not from the launch (namespaces can take seconds to set up on a busy machine,
             # which is not the program's doing). Until then the deadline is START_TIMEOUT_SECS.
@@ -190,7 +199,7 @@ class Sandbox:
                 if program_started_at is None and _reported_start(started_r):
                     program_started_at = time.monotonic()
                     deadline = program_started_at + limits.wall_ms / 1000
-                overflow = any(p is not None and p.exceeded.is_set() for p in (pump, err_pump))
+                overflow = any(p.exceeded.is_set() for p in pumps)
                 stop = cancelled is not None and cancelled.is_set()
                 if time.monotonic() > deadline or overflow or stop:
                     wall_timeout = program_started_at is not None and not (overflow or stop)
@@ -208,9 +217,8 @@ class Sandbox:
                 program_started_at = ended
             program_started = program_started_at is not None
             wall_ms = int((ended - (program_started_at or launched)) * 1000)
-            for p in (pump, err_pump):
-                if p is not None:
-                    p.finish()
+            for p in pumps:
+                p.finish()
             oom = group.oom_killed() if group is not None else False
             peak_kb = group.peak_kb() if group is not None else None
         finally:
@@ -237,7 +245,7 @@ class Sandbox:
             memory_kb=peak_kb if peak_kb is not None else usage.ru_maxrss,
             oom_killed=oom,
             wall_timeout=wall_timeout,
-            output_exceeded=sig == signal.SIGXFSZ or any(p is not None and p.exceeded.is_set() for p in (pump, err_pump)),
+            output_exceeded=sig == signal.SIGXFSZ or any(p.exceeded.is_set() for p in pumps),
             stderr_tail=err_pump.tail_text() if err_pump is not None else "",
         )
 
@@ -313,8 +321,7 @@ class _TailPump(threading.Thread):
         self.path.write_bytes(bytes(self.kept))
 
     def tail_text(self) -> str:
-        # Text PostgreSQL can store: invalid UTF-8 and NUL replaced.
-        return bytes(self.kept).decode("utf-8", "replace").replace("\x00", "\ufffd")
+        return storable_text(bytes(self.kept))
 
 
 def limits_for_compile() -> Limits:
