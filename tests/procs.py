@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,13 @@ class ArbiterProcess:
                 return e.code, body.decode()
         except OSError:
             return None, None
+
+    def metric(self, name: str) -> float:
+        """The sum of one metric's samples (all label sets) on /metrics; 0 when it has none."""
+        status, text = self.get("/metrics")
+        assert status == 200, (status, text)
+        pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+        return sum(float(v) for v in pattern.findall(text))
 
     def worker_pids(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
