@@ -42,6 +42,8 @@ def test_db_outage_answers_503_reclaims_nothing_and_grants_grace(own_cluster, ar
 
     own_cluster.start()
     a.wait_ready(30)
+    # Readiness comes back with the first dispatch round; the janitor's recovery sweep may come a tick later.
+    wait_for(lambda: a.metric("arbiter_grace_periods_total") >= 2, 10, what="the grace period owed on recovery")
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT status, lease_token::text, lease_expires_at > now() FROM submissions "
                            "WHERE id = %s", (sid,)).fetchone()
