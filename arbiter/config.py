@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .canary import PROGRAMS as CANARY_PROGRAMS
+
 
 class ConfigError(Exception):
     pass
@@ -47,6 +49,12 @@ class ArbiterSettings:
     # (the legacy workers' own rule), and work waits for a legacy worker's turn this long at most.
     legacy_fresh_secs: float = 5.0
     legacy_yield_secs: float = 2.0
+    # The standing end-to-end probe (leader only): an unpinned canary every this many seconds, one
+    # open at a time (0 turns it off); decided canaries are forgotten after canary_keep_secs, except
+    # each worker's last one. canary_language: the program judged (a language every site judges).
+    canary_interval_secs: float = 60.0
+    canary_language: str = "c"
+    canary_keep_secs: float = 86400.0
     db_timeout_secs: float = 3.0
     credential_cache_secs: float = 5.0
     instance_name: str = ""
@@ -135,6 +143,12 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     for key in positive:
         if getattr(settings, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0")
+    if settings.canary_interval_secs < 0:
+        raise ConfigError("config key 'canary_interval_secs' must be >= 0 (0: no standing canary probe)")
+    if settings.canary_keep_secs <= 0:
+        raise ConfigError("config key 'canary_keep_secs' must be > 0")
+    if settings.canary_language not in CANARY_PROGRAMS:
+        raise ConfigError(f"config key 'canary_language' must be one of {', '.join(sorted(CANARY_PROGRAMS))}")
     if settings.legacy_yield_secs < 0:
         raise ConfigError("config key 'legacy_yield_secs' must be >= 0 (0: never wait for a legacy worker's turn)")
     if settings.unconfirmed_secs > settings.lease_secs:

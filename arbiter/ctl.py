@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from . import credentials, dbroles, leases, migrations, status
+from . import canary, credentials, dbroles, leases, migrations, status
 from .sqlfiles import Statements
 
 OPS = Statements("operator.sql")
@@ -127,6 +127,7 @@ def cmd_status(args, conn) -> int:
     for state, count in site["queue"].items():
         print(f"  {state:<13} {count:>6}")
     print(f"  {'decided':<13} ~{site['decided_estimate']:>5} (estimate)")
+    print(f"  {'canaries':<13} {site['canaries_open']:>6} (open; nobody's work)")
     print("leases in flight:")
     if not in_flight:
         print("  (none)")
@@ -142,6 +143,13 @@ def cmd_status(args, conn) -> int:
         state = "revoked" if row["revoked"] else "active"
         print(f"  {row['worker_id']:<12} {row['kind']:<10} {state:<8} last heard {seen:<14} "
               f"leases {row['leases']}  languages {','.join(row['languages'])}")
+    print("last canary per worker:")
+    if not site["last_canaries"]:
+        print("  (none)")
+    for row in site["last_canaries"]:
+        outcome = "ok" if row["ok"] else f"FAILED (expected {row['expected']})"
+        print(f"  {row['worker_id']:<12} #{row['submission_id']:<6} {row['language']:<8} {row['verdict']:<12} "
+              f"{outcome}  took {row['duration_s']:.3f}s  decided {row['decided_ago_s']:.1f}s ago")
     return 0
 
 
@@ -217,26 +225,35 @@ def cmd_worker_ensure(args, conn) -> int:
     return 0
 
 
-def cmd_worker_wait_active(args, conn) -> int:
-    """The cutover gate: wait until the worker takes work (or makes contact) through the given transport."""
+def cmd_canary_run(args, conn) -> int:
+    """The cutover gate: a canary pinned to the worker, its verdict checked, one line with the timings.
+
+    Needs no traffic (a quiet site passes in seconds) and proves the whole judging path of that one
+    worker through that one transport; a wrong verdict fails in seconds, naming the verdict.
+    """
     import time
 
-    since = leases.database_now(conn)
-    if args.require == "work":
-        query = OPS.worker_took_work_since if migrations.current_version(conn) >= 2 \
-            else OPS.worker_took_work_since_baseline
-        what = "decided no submission"
-    else:
-        query = OPS.worker_contact_since_arbiter if args.transport == "arbiter" else OPS.worker_contact_since_direct
-        what = "made no contact"
+    sid = canary.submit(conn, args.language, pinned_worker=args.worker_id)
     deadline = time.monotonic() + args.timeout
-    params = {"worker_id": args.worker_id, "since": since, "transport": args.transport}
-    while conn.execute(query, params).fetchone()[0] == 0:
+    while not (result := canary.outcome(conn, sid)).decided:
         if time.monotonic() >= deadline:
-            raise CtlError(f"worker {args.worker_id} {what} through transport {args.transport!r} "
-                           f"in {args.timeout:.0f}s")
+            if canary.withdraw(conn, sid):
+                raise CtlError(f"canary #{sid}: worker {args.worker_id} did not take it in {args.timeout:.0f}s "
+                               f"(withdrawn)")
+            raise CtlError(f"canary #{sid}: worker {args.worker_id} took it but decided nothing in "
+                           f"{args.timeout:.0f}s ({result.status})")
         time.sleep(POLL_SECS)
-    print(f"worker {args.worker_id} active through {args.transport}")
+    where = f"canary #{sid} ({args.language}) on {result.worker_id or '-'} through {result.transport or '-'}"
+    if not result.as_expected:
+        why = ""
+        if result.detail:
+            why = " (" + json.dumps(result.detail, sort_keys=True, default=str)[:300] + ")"
+        raise CtlError(f"{where}: verdict {result.status}, expected {result.expected}{why}; {result.timings()}")
+    if result.worker_id != args.worker_id:
+        raise CtlError(f"{where}: decided by {result.worker_id}, not by the pinned worker {args.worker_id}")
+    if args.transport and result.transport != args.transport:
+        raise CtlError(f"{where}: decided through {result.transport}, expected {args.transport}")
+    print(f"{where}: {result.status} as expected; {result.timings()}")
     return 0
 
 
@@ -256,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", help="baseline, stage1, stage4, latest or a version number (default: latest)")
     p.set_defaults(func=cmd_migrate)
 
-    p = sub.add_parser("schema-version", help="print the schema version (1 baseline, 2 stage 1, 3 stage 4)")
+    p = sub.add_parser("schema-version", help="print the schema version (1 baseline, 2 stage 0, 3 stage 1, 4 stage 4)")
     p.set_defaults(func=cmd_schema_version)
 
     p = sub.add_parser("dbrole", help="database login roles of the cutover (legacy workers, the arbiter)")
@@ -296,6 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("canary", help="canary submissions: known programs with a known verdict, credited to nobody")
+    csub = p.add_subparsers(dest="canary_command", required=True)
+    cr = csub.add_parser("run", help="cutover gate: a canary pinned to one worker, judged and checked; "
+                                     "prints its timings, exits non-zero on any failure")
+    cr.add_argument("--worker", dest="worker_id", required=True)
+    cr.add_argument("--transport", choices=["arbiter", "direct"],
+                    help="also require that the verdict came through this transport")
+    cr.add_argument("--language", choices=sorted(canary.PROGRAMS), default="c")
+    cr.add_argument("--timeout", type=float, default=120.0)
+    cr.set_defaults(func=cmd_canary_run)
     p = sub.add_parser("leases", help="arbiter leases")
     lsub = p.add_subparsers(dest="leases_command", required=True)
     ld = lsub.add_parser("drain", help="reclaim expired arbiter leases (DB time) until none is live; "
@@ -318,13 +345,6 @@ def build_parser() -> argparse.ArgumentParser:
     we.add_argument("--languages", default="c,cpp,python3")
     we.add_argument("--credential-file", required=True, help="file holding '<worker_id>.<secret>', or -")
     we.set_defaults(func=cmd_worker_ensure)
-    ww = wsub.add_parser("wait-active", help="cutover gate: wait until the worker works through a transport")
-    ww.add_argument("worker_id")
-    ww.add_argument("--transport", choices=["arbiter", "direct"], required=True)
-    ww.add_argument("--require", choices=["work", "contact"], default="work",
-                    help="work: decides a submission (default); contact: polls or parks a request")
-    ww.add_argument("--timeout", type=float, default=300.0)
-    ww.set_defaults(func=cmd_worker_wait_active)
     wr = wsub.add_parser("revoke", help="revoke a worker's credential")
     wr.add_argument("worker_id")
     wr.set_defaults(func=cmd_worker_revoke)

@@ -182,7 +182,7 @@ class Dispatcher:
                 self.legacy_compat = present
                 self._legacy_checked_at = now
             tickets = self.parked_snapshot()
-            claimable = leases.claimable_languages(conn) if tickets else set()
+            claimable = leases.claimable_work(conn) if tickets else leases.ClaimableWork([])
             if tickets and self.legacy_compat:
                 conn.execute(leases.Q.legacy_mark_idle, {
                     "worker_ids": [t.worker.worker_id for t in tickets],
@@ -192,7 +192,7 @@ class Dispatcher:
                     tuple(sorted({t.worker.worker_id for t in tickets})),
                     self.settings.legacy_fresh_secs, self.settings.legacy_yield_secs) if self.legacy_compat else None
                 for ticket in self._fairness_order(tickets):
-                    if not claimable.intersection(ticket.languages):
+                    if not claimable.languages_for(ticket.worker.worker_id, ticket.languages):
                         continue
                     try:
                         lease = self._match(conn, ticket, legacy)
@@ -201,7 +201,7 @@ class Dispatcher:
                         METRICS.inc("arbiter_legacy_turns_total", kind=ticket.worker.kind)
                         continue
                     if lease is None:
-                        claimable.difference_update(ticket.languages)
+                        claimable.exhausted(ticket.worker.worker_id, ticket.languages)
                     if not claimable:
                         break
         self.health.mark_up()

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
-from . import db, leases
+from . import canary, db, leases
 from .metrics import METRICS
 
 log = logging.getLogger("arbiter.janitor")
+
+# Canaries are few (one per gate, one per probe interval): a look a minute keeps the table small.
+FORGET_CANARIES_EVERY_SECS = 60.0
 
 
 class Janitor:
@@ -30,6 +34,7 @@ class Janitor:
         self._conn = None
         self._health_generation = None
         self._last_sweep_db_time = None
+        self._last_forget = None
         self.declare_metrics()
 
     @staticmethod
@@ -38,6 +43,7 @@ class Janitor:
         for outcome in ("pending", "system_error"):
             METRICS.inc("arbiter_leases_reclaimed_total", 0, outcome=outcome)
         METRICS.inc("arbiter_grace_periods_total", 0)
+        METRICS.inc("arbiter_canaries_forgotten_total", 0)
 
     def owe_grace(self) -> None:
         self._grace_owed.set()
@@ -88,9 +94,21 @@ class Janitor:
             log.info("grace period granted", extra={"leases_extended": extended,
                                                     "grace_secs": self.settings.grace_secs})
             return []
+        self._forget_old_canaries()
         reclaimed = leases.reclaim_expired(self._conn, max_attempts=self.settings.max_attempts)
         for item in reclaimed:
             METRICS.inc("arbiter_leases_reclaimed_total", outcome=item.new_status)
             log.warning("lease expired", extra={"submission_id": item.submission_id, "worker_id": item.worker_id,
                                                 "new_status": item.new_status})
         return reclaimed
+
+    def _forget_old_canaries(self) -> None:
+        """Decided canaries older than canary_keep_secs go (each worker's last stays), once a minute."""
+        now = time.monotonic()
+        if self._last_forget is not None and now - self._last_forget < FORGET_CANARIES_EVERY_SECS:
+            return
+        self._last_forget = now
+        forgotten = canary.forget_old(self._conn, self.settings.canary_keep_secs)
+        if forgotten:
+            METRICS.inc("arbiter_canaries_forgotten_total", forgotten)
+            log.info("old canaries forgotten", extra={"count": forgotten})

@@ -160,9 +160,11 @@ class Lab:
                 pass
 
     def progress(self, conn) -> tuple[dict, dict]:
-        counts = dict(conn.execute("SELECT status, count(*) FROM submissions GROUP BY 1").fetchall())
+        # The lab's own submissions only: the arbiter's canary probe adds canaries to the same table.
+        counts = dict(conn.execute("SELECT status, count(*) FROM submissions WHERE canary_expect IS NULL "
+                                   "GROUP BY 1").fetchall())
         per_worker = dict(conn.execute("SELECT worker_id, count(*) FROM submissions WHERE status = 'judging' "
-                                       "GROUP BY 1").fetchall())
+                                       "AND canary_expect IS NULL GROUP BY 1").fetchall())
         return counts, per_worker
 
     def stop(self) -> None:
@@ -219,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             print()
             rows = conn.execute("SELECT s.id, p.slug, s.language, s.status, s.worker_id, s.judge_attempts, "
                                 "(SELECT count(*) FROM submission_judgings j WHERE j.submission_id = s.id) "
-                                "FROM submissions s JOIN problems p ON p.id = s.problem_id ORDER BY s.id").fetchall()
+                                "FROM submissions s JOIN problems p ON p.id = s.problem_id WHERE s.canary_expect IS NULL "
+                                "ORDER BY s.id").fetchall()
+            canaries = conn.execute("SELECT count(*) FILTER (WHERE status = canary_expect), count(*) "
+                                    "FROM submissions WHERE canary_expect IS NOT NULL "
+                                    "AND status NOT IN ('pending', 'judging')").fetchone()
         wrong = 0
         print(f"\n{'id':>4} {'problem':<8} {'lang':<8} {'expected':<9} {'verdict':<13} {'worker':<7} judged")
         for sid, slug, lang, status, worker, attempts, judged in rows:
@@ -230,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(rows)} submissions, {len(rows) - wrong} with the expected verdict, {twice} judged more than "
               f"once, 0 lost" + (f", {lab.kills} processes killed along the way" if args.chaos else "")
               + f" ({time.monotonic() - started:.1f}s)")
-        return 0 if wrong == 0 and twice == 0 else 1
+        print(f"canaries of the arbiter's probe: {canaries[0]} of {canaries[1]} as expected")
+        return 0 if wrong == 0 and twice == 0 and canaries[0] == canaries[1] else 1
     except KeyboardInterrupt:
         interrupted = True
         print("\nlab: stopping")

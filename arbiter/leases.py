@@ -170,7 +170,7 @@ def acquire(
         if legacy is not None:
             rr_last_home = conn.execute(Q.legacy_take_global_lock).fetchone()[0]
             if conn.execute(Q.legacy_turn_is_elsewhere, {
-                    "kind": kind, "rr_last_home": rr_last_home, "arbiter_workers": list(legacy.arbiter_workers),
+                    "worker_id": worker_id, "kind": kind, "rr_last_home": rr_last_home, "arbiter_workers": list(legacy.arbiter_workers),
                     "languages": list(languages), "fresh_secs": legacy.fresh_secs,
                     "yield_secs": legacy.yield_secs}).fetchone()[0]:
                 raise LegacyTurn(worker_id)
@@ -293,8 +293,34 @@ def rejudge(conn: psycopg.Connection, submission_ids: list[int]) -> list[tuple[i
         return [tuple(r) for r in conn.execute(Q.rejudge, {"submission_ids": list(submission_ids)}).fetchall()]
 
 
-def claimable_languages(conn: psycopg.Connection) -> set[str]:
-    return {row[0] for row in conn.execute(Q.claimable_languages).fetchall()}
+class ClaimableWork:
+    """Which languages have pending work, and for whom: one cheap look before a dispatch round.
+
+    Unpinned work is anyone's; a canary pinned to a worker is that worker's alone.
+    """
+
+    def __init__(self, rows):
+        self._pairs = {(language, pinned) for language, pinned in rows}
+
+    def __bool__(self) -> bool:
+        return bool(self._pairs)
+
+    def languages_for(self, worker_id: str, languages) -> set[str]:
+        return {lang for lang, pinned in self._pairs if lang in languages and pinned in (None, worker_id)}
+
+    def exhausted(self, worker_id: str, languages) -> None:
+        """An acquire for this worker found nothing: none of this is left for anyone it would have reached."""
+        self._pairs = {(lang, pinned) for lang, pinned in self._pairs
+                       if not (lang in languages and pinned in (None, worker_id))}
+
+
+def claimable_work(conn: psycopg.Connection) -> ClaimableWork:
+    return ClaimableWork(conn.execute(Q.claimable_work).fetchall())
+
+
+def claimable_real_languages(conn: psycopg.Connection) -> set[str]:
+    """Languages with pending real (non-canary) work: what the stuck alert watches."""
+    return {row[0] for row in conn.execute(Q.claimable_real_languages).fetchall()}
 
 
 def legacy_tables_present(conn: psycopg.Connection) -> bool:

@@ -20,11 +20,26 @@ _HELP = {
     "arbiter_last_round_age_seconds": ("gauge", "Seconds since the last completed dispatch round"),
     "arbiter_stuck_dispatch": ("gauge", "1 while claimable work and a parked request coexist unmatched too long"),
     "arbiter_oldest_unmatched_seconds": ("gauge", "Age of the oldest parked request that has claimable work"),
+    "arbiter_canary_interval_seconds": ("gauge", "The standing canary probe's interval (0: probe off)"),
+    "arbiter_canary_last_success_timestamp_seconds": ("gauge",
+                                                      "When (DB time, Unix seconds) a probe canary last got its "
+                                                      "expected verdict (if none ever: when probing began)"),
+    "arbiter_canary_duration_seconds": ("gauge", "Submitted-to-decided time of the last decided probe canary"),
+    "arbiter_canaries_total": ("counter", "Probe canaries decided, by outcome (as_expected, unexpected)"),
+    "arbiter_canaries_forgotten_total": ("counter", "Old decided canaries cleaned up"),
 }
 
 
 def _escape(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    """Full precision (a Unix timestamp keeps its fraction), integers without a trailing .0."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
 
 
 class Metrics:
@@ -56,7 +71,8 @@ class Metrics:
                 lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
                 seen.add(name)
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
+            text = _number(value)
+            lines.append(f"{name}{{{label_text}}} {text}" if label_text else f"{name} {text}")
         return "\n".join(lines) + "\n"
 
 

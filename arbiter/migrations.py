@@ -20,7 +20,9 @@ from .sqlfiles import sql_root
 _FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$")
 _LOCK_KEY = 0x6A756467  # "judg": serialises concurrent migration runs
 
-STAGES = {"baseline": 1, "stage1": 2, "stage4": 3}
+# baseline: the legacy site as found; stage0: made ready for the cutover (canaries); stage1: the
+# expand the arbiter needs; stage4: the contract (no legacy dispatch state).
+STAGES = {"baseline": 1, "stage0": 2, "stage1": 3, "stage4": 4}
 
 
 class MigrationError(Exception):

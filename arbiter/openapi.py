@@ -137,7 +137,7 @@ SPEC = {
                           "410": _resp("stale lease token: nothing was written", _error),
                           **_common_worker,
                           "422": _resp("unknown verdict, or a value that cannot be stored", _error)}}},
-        "/v1/status": {"get": {"summary": "Read-only status: live queue, decided (estimate), leases, workers",
+        "/v1/status": {"get": {"summary": "Read-only status: live queue, decided (estimate), leases, workers, last canary per worker",
                                "security": [{"operator": []}, {}],
                                "responses": {"200": _resp("status", {"type": "object"}), **_operator,
                                              "503": _resp("database unreachable", _error, _retry)}}},

@@ -53,7 +53,7 @@ class StuckMonitor:
         oldest = 0.0
         if tickets and self.runtime.leader.is_leader:
             with self.runtime.pool.connection() as conn:
-                claimable = leases.claimable_languages(conn)
+                claimable = leases.claimable_real_languages(conn)
             now = time.monotonic()
             waiting = [now - t.parked_at for t in tickets if claimable.intersection(t.languages)]
             oldest = max(waiting, default=0.0)

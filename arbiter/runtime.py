@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from . import db, sdnotify
+from .canary_probe import CanaryProbe
 from .dispatcher import Dispatcher
 from .janitor import Janitor
 from .leader import LeaderLock
@@ -24,6 +25,7 @@ class Runtime:
                                      notifier=self.notifier)
         self.janitor = Janitor(settings, self.health, is_leader=lambda: self.leader.is_leader)
         self.monitor = StuckMonitor(settings, self)
+        self.probe = CanaryProbe(settings, self.pool, is_leader=lambda: self.leader.is_leader)
 
     def _on_gain(self) -> None:
         self.janitor.owe_grace()
@@ -37,11 +39,13 @@ class Runtime:
         self.dispatcher.start()
         self.janitor.start()
         self.monitor.start()
+        self.probe.start()
         log.info("arbiter started", extra={"threads": self.settings.threads, "max_parked": self.settings.max_parked})
         return self
 
     def stop(self) -> None:
         self.notifier.stopping()
+        self.probe.stop()
         self.monitor.stop()
         self.janitor.stop()
         self.dispatcher.cancel_all()

@@ -23,6 +23,10 @@ def render(snapshot: dict) -> str:
                      [[w["worker_id"], w["kind"], "revoked" if w["revoked"] else "active",
                        "never" if w["last_seen_ago_s"] is None else f"{w['last_seen_ago_s']:.1f}", w["leases"],
                        ",".join(w["languages"])] for w in snapshot["workers"]])
+    canaries = _table(["worker", "canary", "language", "verdict", "expected", "decided (s ago)", "took s"],
+                      [[c["worker_id"], c["submission_id"], c["language"],
+                        c["verdict"] if c["ok"] else f"{c['verdict']} (FAILED)", c["expected"],
+                        c["decided_ago_s"], c["duration_s"]] for c in snapshot["last_canaries"]])
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">
 <title>judge-arbiter status</title>
@@ -31,5 +35,7 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}.s{{font-weight:
 <body><h1>judge-arbiter</h1>
 <p class="s">{escape(state)} &middot; leader: {arbiter['leader']} &middot; parked requests: {arbiter['parked']}
 &middot; legacy compatibility: {arbiter['legacy_compat']}</p>
-<h2>Queue</h2>{queue}<h2>Leases in flight</h2>{in_flight}<h2>Workers</h2>{workers}
+<h2>Queue</h2>{queue}<p>open canaries: {snapshot['canaries_open']}</p>
+<h2>Leases in flight</h2>{in_flight}<h2>Workers</h2>{workers}
+<h2>Last canary per worker</h2>{canaries}
 </body></html>"""

@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(text)
 
     try:
-        arb_site, leg_site = Site(cluster, "bench_arbiter", "stage4"), Site(cluster, "bench_legacy", "baseline")
+        arb_site, leg_site = Site(cluster, "bench_arbiter", "stage4"), Site(cluster, "bench_legacy", "stage0")
         say("## (a) submit -> lease latency (one submission at a time; wall clock, client side)")
         say()
         say("| waiting workers | arbiter p50 | arbiter p99 | legacy p50 | legacy p99 | legacy/arbiter (p50) |")

@@ -1,6 +1,7 @@
 -- The legacy (direct-DB) worker's statements: the scheme that runs before the
 -- cutover and that every rollback returns to. Kept verbatim in behaviour,
--- including its weakness: a report is checked by worker_id only.
+-- including its weakness: a report is checked by worker_id only. What stage 0
+-- adds: canaries go first, a pinned canary only to its worker, none is credited.
 
 -- name: take_global_lock
 SELECT rr_last_home FROM judge_dispatch_state WHERE id = 1 FOR UPDATE;
@@ -15,16 +16,36 @@ SELECT worker_id FROM judge_nodes
 WHERE kind = 'home' AND idle AND last_seen > now() - make_interval(secs => %(fresh_secs)s)
 ORDER BY worker_id;
 
+-- name: claim_pinned_canary
+-- A cutover gate's canary pinned to this worker: taken before the yield rules are asked, since no
+-- other worker may take it (a production worker that yields to idle home workers would otherwise
+-- never judge its own gate's canary).
+UPDATE submissions s
+SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1, leased_at = now()
+FROM problems p
+WHERE s.id = (SELECT id FROM submissions
+              WHERE status = 'pending' AND canary_expect IS NOT NULL AND pinned_worker = %(worker_id)s
+                AND language = ANY(%(languages)s)
+              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+  AND s.status = 'pending' AND p.id = s.problem_id
+RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,
+          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb;
+
 -- name: claim_oldest_pending
+-- Canaries first (a handful at most: see docs/architecture.md, "Canaries"), then the oldest real
+-- submission. coalesce() runs the second scan only when the first found nothing.
 WITH candidate AS (
-    SELECT id FROM submissions
-    WHERE status = 'pending' AND language = ANY(%(languages)s)
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    SELECT coalesce(
+        (SELECT id FROM submissions
+         WHERE status = 'pending' AND canary_expect IS NOT NULL
+           AND (pinned_worker IS NULL OR pinned_worker = %(worker_id)s) AND language = ANY(%(languages)s)
+         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED),
+        (SELECT id FROM submissions
+         WHERE status = 'pending' AND canary_expect IS NULL AND language = ANY(%(languages)s)
+         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)) AS id
 )
 UPDATE submissions s
-SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1
+SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1, leased_at = now()
 FROM candidate, problems p
 WHERE s.id = candidate.id AND s.status = 'pending' AND p.id = s.problem_id
 RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,
@@ -45,14 +66,14 @@ WITH decided AS (
     UPDATE submissions
     SET status = %(verdict)s, judged_at = now()
     WHERE id = %(submission_id)s AND status = 'judging' AND worker_id = %(worker_id)s
-    RETURNING id, user_id, problem_id, worker_id
+    RETURNING id, user_id, problem_id, worker_id, canary_expect
 ), history AS (
     INSERT INTO submission_judgings (submission_id, worker_id, verdict, time_ms, memory_kb, detail)
     SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s FROM decided
     RETURNING submission_id
 ), first_pass AS (
     INSERT INTO first_passes (user_id, problem_id, submission_id)
-    SELECT user_id, problem_id, id FROM decided WHERE %(verdict)s = 'AC'
+    SELECT user_id, problem_id, id FROM decided WHERE %(verdict)s = 'AC' AND canary_expect IS NULL
     ON CONFLICT (user_id, problem_id) DO NOTHING
     RETURNING user_id, problem_id
 ), xp AS (

@@ -25,9 +25,17 @@ UPDATE workers SET revoked_at = now() WHERE worker_id = %(worker_id)s AND revoke
 -- name: status_queue
 -- Live work, exactly. Each count reads one partial index (submissions_pending_idx,
 -- submissions_judging_idx): the cost follows the live work, not the years of history.
-SELECT 'pending' AS status, count(*) AS count FROM submissions WHERE status = 'pending'
+-- Canaries are counted apart (they are nobody's work), each from its own small partial index.
+SELECT 'pending' AS status,
+       (SELECT count(*) FROM submissions WHERE status = 'pending')
+       - (SELECT count(*) FROM submissions WHERE status = 'pending' AND canary_expect IS NOT NULL) AS count
 UNION ALL
-SELECT 'judging', count(*) FROM submissions WHERE status = 'judging';
+SELECT 'judging',
+       (SELECT count(*) FROM submissions WHERE status = 'judging')
+       - (SELECT count(*) FROM submissions WHERE status = 'judging' AND canary_expect IS NOT NULL)
+UNION ALL
+SELECT 'canaries', count(*) FROM submissions
+WHERE canary_expect IS NOT NULL AND status IN ('pending', 'judging');
 
 -- name: status_rows_estimate
 -- Every submission ever made, as the planner's estimate (pg_class.reltuples, kept current by
@@ -52,6 +60,16 @@ SELECT w.worker_id, w.kind, w.languages, w.revoked_at IS NOT NULL AS revoked,
 FROM workers w
 ORDER BY w.kind, w.worker_id;
 
+-- name: status_last_canaries
+-- Each worker's last decided canary (canaries are few: the janitor forgets old ones).
+SELECT DISTINCT ON (s.worker_id) s.worker_id, s.id AS submission_id, s.language, s.status AS verdict,
+       s.canary_expect AS expected, s.status = s.canary_expect AS ok, s.pinned_worker IS NOT NULL AS pinned,
+       round(extract(epoch FROM now() - s.judged_at)::numeric, 1)::float AS decided_ago_s,
+       round(extract(epoch FROM s.judged_at - s.created_at)::numeric, 3)::float AS duration_s
+FROM submissions s
+WHERE s.canary_expect IS NOT NULL AND s.status NOT IN ('pending', 'judging') AND s.worker_id IS NOT NULL
+ORDER BY s.worker_id, s.id DESC;
+
 -- name: count_live_arbiter_leases
 -- Leases only an arbiter's janitor would hand back: what a rollback must drain before the arbiter goes.
 SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT NULL;
@@ -62,24 +80,6 @@ SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind, languages FROM wo
 -- name: set_worker_secret
 UPDATE workers SET secret_sha256 = %(secret_sha256)s, kind = %(kind)s, languages = %(languages)s, revoked_at = NULL
 WHERE worker_id = %(worker_id)s;
-
--- name: worker_took_work_since
--- The cutover gate: has this worker decided a submission through the given transport since the gate
--- began? Arbiter results carry the lease token that decided them; legacy (direct) results carry none.
-SELECT count(*) FROM submission_judgings
-WHERE worker_id = %(worker_id)s AND created_at >= %(since)s
-  AND (lease_token IS NOT NULL) = (%(transport)s = 'arbiter');
-
--- name: worker_took_work_since_baseline
--- Before stage 1 there are no lease columns, and every result is a legacy (direct) one.
-SELECT count(*) FROM submission_judgings
-WHERE worker_id = %(worker_id)s AND created_at >= %(since)s AND %(transport)s = 'direct';
-
--- name: worker_contact_since_arbiter
-SELECT count(*) FROM workers WHERE worker_id = %(worker_id)s AND last_seen_at >= %(since)s;
-
--- name: worker_contact_since_direct
-SELECT count(*) FROM judge_nodes WHERE worker_id = %(worker_id)s AND last_seen >= %(since)s;
 
 -- Database roles of the cutover (composed with psycopg.sql: {role} and {group} are identifiers,
 -- {verifier} a literal SCRAM verifier computed client-side, so no password is ever sent or logged).

@@ -13,12 +13,16 @@ RETURNING id;
 -- arrow: pending -> judging. New random token, gen+1, attempts+1, short unconfirmed expiry.
 -- The grant row is written in the same statement; (worker_id, request_id) is unique.
 WITH candidate AS (
-    SELECT id
-    FROM submissions
-    WHERE status = 'pending' AND language = ANY(%(languages)s)
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    -- Canaries first (unpinned, or pinned to this worker), then the oldest real submission;
+    -- coalesce() runs the second scan only when the first found nothing.
+    SELECT coalesce(
+        (SELECT id FROM submissions
+         WHERE status = 'pending' AND canary_expect IS NOT NULL
+           AND (pinned_worker IS NULL OR pinned_worker = %(worker_id)s) AND language = ANY(%(languages)s)
+         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED),
+        (SELECT id FROM submissions
+         WHERE status = 'pending' AND canary_expect IS NULL AND language = ANY(%(languages)s)
+         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)) AS id
 ), leased AS (
     UPDATE submissions s
     SET status = 'judging',
@@ -27,7 +31,8 @@ WITH candidate AS (
         lease_gen = s.lease_gen + 1,
         judge_attempts = s.judge_attempts + 1,
         lease_expires_at = now() + make_interval(secs => %(unconfirmed_secs)s),
-        lease_confirmed_at = NULL
+        lease_confirmed_at = NULL,
+        leased_at = now()
     FROM candidate
     WHERE s.id = candidate.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
@@ -74,7 +79,7 @@ WITH decided AS (
     SET status = %(verdict)s, judged_at = now(), lease_expires_at = NULL
     WHERE id = %(submission_id)s AND status = 'judging'
       AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
-    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen
+    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect
 ), history AS (
     INSERT INTO submission_judgings
         (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by)
@@ -83,7 +88,7 @@ WITH decided AS (
     RETURNING seq
 ), first_pass AS (
     INSERT INTO first_passes (user_id, problem_id, submission_id)
-    SELECT user_id, problem_id, id FROM decided WHERE %(verdict)s = 'AC'
+    SELECT user_id, problem_id, id FROM decided WHERE %(verdict)s = 'AC' AND canary_expect IS NULL
     ON CONFLICT (user_id, problem_id) DO NOTHING
     RETURNING user_id, problem_id
 ), xp AS (
@@ -164,9 +169,15 @@ WHERE id = ANY(%(submission_ids)s)
   AND status IN ('AC', 'WA', 'TLE', 'MLE', 'RE', 'CE', 'OLE', 'system_error')
 RETURNING id, lease_gen;
 
--- name: claimable_languages
--- read: which languages have claimable work (one cheap look before matching).
-SELECT DISTINCT language FROM submissions WHERE status = 'pending';
+-- name: claimable_work
+-- read: which languages have claimable work, and for whom (one cheap look before matching):
+-- pinned_worker NULL is anyone's work; otherwise only that worker's (a gate's canary).
+SELECT DISTINCT language, pinned_worker FROM submissions WHERE status = 'pending';
+
+-- name: claimable_real_languages
+-- read: languages with pending real work (canaries left out): what the stuck alert watches, since a
+-- canary pinned to a worker that went away is the gate's failure to report, not a stuck dispatch.
+SELECT DISTINCT language FROM submissions WHERE status = 'pending' AND canary_expect IS NULL;
 
 -- name: find_worker_credential
 -- read: a worker's credential hash for bearer authentication.
@@ -207,11 +218,15 @@ WITH idle_homes AS (
 ), oldest_claimable AS (
     SELECT created_at FROM submissions
     WHERE status = 'pending' AND language = ANY(%(languages)s::text[])
+      AND (pinned_worker IS NULL OR pinned_worker = %(worker_id)s)
     ORDER BY id LIMIT 1
 )
 SELECT CASE WHEN %(kind)s = 'production' THEN EXISTS (SELECT 1 FROM legacy_idle)
             ELSE EXISTS (SELECT 1 FROM legacy_idle WHERE worker_id = (SELECT worker_id FROM next_home))
        END
+   -- a canary pinned to this worker is nobody else's turn
+   AND NOT EXISTS (SELECT 1 FROM submissions WHERE status = 'pending' AND canary_expect IS NOT NULL
+                   AND pinned_worker = %(worker_id)s AND language = ANY(%(languages)s::text[]))
    AND coalesce((SELECT created_at > now() - make_interval(secs => %(yield_secs)s) FROM oldest_claimable),
                 false) AS yield_turn;
 
@@ -233,3 +248,88 @@ WHERE id = 1 AND EXISTS (SELECT 1 FROM node);
 INSERT INTO judge_nodes (worker_id, kind, idle, last_seen)
 SELECT w, k, true, now() FROM unnest(%(worker_ids)s::text[], %(kinds)s::text[]) AS t(w, k)
 ON CONFLICT (worker_id) DO UPDATE SET idle = true, last_seen = now(), kind = EXCLUDED.kind;
+
+-- Canaries: known programs with a known expected verdict on the built-in problem 'judge-canary',
+-- judged through every arrow a real submission takes and credited to nobody (docs/architecture.md).
+
+-- name: submit_canary
+-- arrow: (none) -> pending, a canary; pinned_worker NULL: any worker may take it. Its user and its
+-- problem (the sum of two integers; test data ships with the worker package) are made by the first
+-- canary, so a site that never runs one has neither.
+WITH canary_user AS (
+    INSERT INTO users (name) VALUES ('judge-canary')
+    ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+    RETURNING id
+), canary_problem AS (
+    INSERT INTO problems (slug, title, xp_reward, time_limit_ms, memory_limit_kb)
+    VALUES ('judge-canary', 'Canary: the sum of two integers (built in)', 0, 2000, 131072)
+    ON CONFLICT (slug) DO UPDATE SET slug = EXCLUDED.slug
+    RETURNING id
+)
+INSERT INTO submissions (user_id, problem_id, language, source, canary_expect, pinned_worker)
+SELECT u.id, p.id, %(language)s, %(source)s, %(expect)s, %(pinned_worker)s
+FROM canary_user u, canary_problem p
+RETURNING id;
+
+-- name: withdraw_canary
+-- arrow: pending -> system_error, for a canary nobody took in time: it must not linger in the
+-- queue pinned to a worker that may never come back.
+UPDATE submissions SET status = 'system_error', judged_at = now()
+WHERE id = %(submission_id)s AND canary_expect IS NOT NULL AND status = 'pending'
+RETURNING id;
+
+-- name: canary_outcome
+-- read: where a canary stands and, once decided, who decided it and through which transport (the
+-- history row carries a lease token when the arbiter's lease decided it; to_jsonb reads the row
+-- whatever the schema's stage, so this works before stage 1 too).
+SELECT s.status, s.canary_expect, s.worker_id, s.pinned_worker, s.language,
+       j.worker_id AS judged_by, j.detail, (to_jsonb(j) ->> 'lease_token') IS NOT NULL AS via_arbiter,
+       extract(epoch FROM s.leased_at - s.created_at)::float AS queued_s,
+       extract(epoch FROM s.judged_at - s.leased_at)::float AS judging_s,
+       extract(epoch FROM coalesce(s.judged_at, now()) - s.created_at)::float AS total_s,
+       extract(epoch FROM s.judged_at)::float AS decided_at
+FROM submissions s
+LEFT JOIN LATERAL (SELECT * FROM submission_judgings WHERE submission_id = s.id ORDER BY id DESC LIMIT 1) j
+    ON s.status NOT IN ('pending', 'judging')
+WHERE s.id = %(submission_id)s AND s.canary_expect IS NOT NULL;
+
+-- name: open_probe_canaries
+-- read: the standing probe's canaries (unpinned) not yet decided, oldest first.
+SELECT id FROM submissions
+WHERE canary_expect IS NOT NULL AND pinned_worker IS NULL AND status IN ('pending', 'judging')
+ORDER BY id;
+
+-- name: last_probe_success
+-- read: when (DB time, Unix seconds) a probe canary last got its expected verdict; NULL if never.
+SELECT extract(epoch FROM max(judged_at))::float FROM submissions
+WHERE canary_expect IS NOT NULL AND pinned_worker IS NULL AND status = canary_expect;
+
+-- name: old_canaries
+-- read, locking: decided canaries older than keep_secs, except each worker's last one (the status
+-- page shows it). The three forget_* statements below then remove them in one transaction.
+WITH last_per_worker AS (
+    SELECT max(id) AS id FROM submissions
+    WHERE canary_expect IS NOT NULL AND status NOT IN ('pending', 'judging')
+    GROUP BY worker_id
+)
+SELECT id FROM submissions
+WHERE canary_expect IS NOT NULL AND status NOT IN ('pending', 'judging')
+  AND judged_at < now() - make_interval(secs => %(keep_secs)s)
+  AND id NOT IN (SELECT id FROM last_per_worker)
+ORDER BY id
+LIMIT %(batch)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: forget_canary_history
+-- A canary's history rows: the one exception the append-only trigger allows (it checks that the
+-- submission is a canary, so this runs before the canaries themselves go).
+DELETE FROM submission_judgings WHERE submission_id = ANY(%(submission_ids)s);
+
+-- name: forget_canary_grants
+DELETE FROM lease_grants WHERE submission_id = ANY(%(submission_ids)s);
+
+-- name: forget_canaries
+-- arrow: decided canary -> gone.
+DELETE FROM submissions WHERE id = ANY(%(submission_ids)s)
+  AND canary_expect IS NOT NULL AND status NOT IN ('pending', 'judging')
+RETURNING id;

@@ -21,7 +21,7 @@ from arbiter import devcluster, migrations
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-STAGE_VERSIONS = {"empty": 0, "baseline": 1, "stage1": 2, "stage4": 3}
+STAGE_VERSIONS = {"empty": 0, "baseline": 1, "stage0": 2, "stage1": 3, "stage4": 4}
 _counter = itertools.count()
 
 

@@ -165,30 +165,3 @@ def test_worker_ensure_is_idempotent_and_refuses_a_foreign_credential(db):
     rotated = credentials.format_credential("home-1", credentials.new_secret())
     assert judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-",
                     stdin=rotated).stdout.strip() == "updated worker home-1"
-
-
-def test_worker_wait_active_gate(db):
-    from fixtures_data import seed_problem, seed_submissions
-
-    timeout = judgectl(db, "worker", "wait-active", "home-1", "--transport", "arbiter", "--timeout", "1")
-    assert timeout.returncode == 1
-    assert "home-1 decided no submission through transport 'arbiter' in 1s" in timeout.stderr
-    with db.connect() as conn:
-        seed_problem(conn)
-        (sid,) = seed_submissions(conn, 1)
-    proc = subprocess.Popen([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, "worker", "wait-active", "home-1",
-                             "--transport", "direct", "--timeout", "20"], stdout=subprocess.PIPE, text=True)
-    import time
-
-    time.sleep(1.5)
-    with db.connect() as conn:
-        # A result through the arbiter does not satisfy a gate on the direct transport ...
-        conn.execute("INSERT INTO submission_judgings (submission_id, worker_id, verdict, lease_token) "
-                     "VALUES (%s, 'home-1', 'AC', gen_random_uuid())", (sid,))
-        time.sleep(1.5)
-        assert proc.poll() is None
-        # ... a legacy one (no lease token) does.
-        conn.execute("INSERT INTO submission_judgings (submission_id, worker_id, verdict) VALUES (%s, 'home-1', 'WA')",
-                     (sid,))
-    assert proc.wait(10) == 0
-    assert "home-1 active through direct" in proc.stdout.read()

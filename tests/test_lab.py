@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,8 @@ def test_lab_judges_every_sample_correctly_under_supervisord(lab_dir):
     result = run_lab(lab_dir, "--copies", "1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "11 submissions, 11 with the expected verdict, 0 judged more than once, 0 lost" in result.stdout
+    # The arbiter's canary probe runs in the lab as in production; its canaries are counted apart.
+    assert re.search(r"canaries of the arbiter's probe: (\d+) of \1 as expected", result.stdout), result.stdout[-2000:]
     conf = (lab_dir / "supervisord.conf").read_text()
     assert all(f"[program:{p}]" in conf for p in ("arbiter", "home-1", "home-2", "prod-1"))
 

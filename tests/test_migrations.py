@@ -25,7 +25,7 @@ def test_migrate_twice_applies_nothing_the_second_time(make_db):
     db = make_db("empty")
     first = judgectl(db, "migrate")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count("applied") == 3
+    assert first.stdout.count("applied") == 4
     second = judgectl(db, "migrate")
     assert second.returncode == 0, second.stderr
     assert "applied" not in second.stdout
@@ -35,17 +35,19 @@ def test_migrate_twice_applies_nothing_the_second_time(make_db):
 def test_stage1_to_stage4_and_back_to_baseline(make_db):
     db = make_db("empty")
     with db.connect() as conn:
-        assert migrations.migrate(conn, "stage1") == ["applied 001_baseline", "applied 002_stage1_expand"]
+        assert migrations.migrate(conn, "stage1") == ["applied 001_baseline", "applied 002_stage0_canaries",
+                                                      "applied 003_stage1_expand"]
         assert {"workers", "lease_grants", "judge_dispatch_state"} <= tables(conn)
-        assert migrations.migrate(conn, "stage4") == ["applied 003_stage4_contract"]
+        assert migrations.migrate(conn, "stage4") == ["applied 004_stage4_contract"]
         assert "judge_dispatch_state" not in tables(conn)
-        assert migrations.migrate(conn, "baseline") == ["rolled back 003_stage4_contract",
-                                                        "rolled back 002_stage1_expand"]
+        assert migrations.migrate(conn, "baseline") == ["rolled back 004_stage4_contract",
+                                                        "rolled back 003_stage1_expand",
+                                                        "rolled back 002_stage0_canaries"]
         assert "judge_dispatch_state" in tables(conn) and "workers" not in tables(conn)
         assert conn.execute("SELECT id FROM judge_dispatch_state").fetchall() == [(1,)]
         cols = {r[0] for r in conn.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'submissions'").fetchall()}
-        assert "lease_token" not in cols
+        assert "lease_token" not in cols and "canary_expect" not in cols
         assert migrations.current_version(conn) == 1
 
 
@@ -61,12 +63,12 @@ def test_tampered_migration_file_is_refused(make_db, tmp_path, monkeypatch):
     db = make_db("stage1")
     copy = tmp_path / "sql"
     shutil.copytree(sql_root(), copy)
-    path = copy / "migrations" / "002_stage1_expand.up.sql"
+    path = copy / "migrations" / "003_stage1_expand.up.sql"
     path.write_text(path.read_text() + "\n-- a harmless-looking edit\n")
     monkeypatch.setattr(migrations, "sql_root", lambda: copy)
     with db.connect() as conn:
         before = conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0]
-        with pytest.raises(migrations.MigrationError, match="002_stage1_expand.up.sql was changed"):
+        with pytest.raises(migrations.MigrationError, match="003_stage1_expand.up.sql was changed"):
             migrations.migrate(conn)
         assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == before
 
@@ -111,8 +113,8 @@ def test_failed_migration_leaves_nothing_half_done(make_db, tmp_path, monkeypatc
     db = make_db("empty")
     copy = tmp_path / "sql"
     shutil.copytree(sql_root(), copy)
-    (copy / "migrations" / "004_broken.up.sql").write_text("CREATE TABLE ok_table (x int); SELECT 1/0;")
-    (copy / "migrations" / "004_broken.down.sql").write_text("DROP TABLE ok_table;")
+    (copy / "migrations" / "005_broken.up.sql").write_text("CREATE TABLE ok_table (x int); SELECT 1/0;")
+    (copy / "migrations" / "005_broken.down.sql").write_text("DROP TABLE ok_table;")
     monkeypatch.setattr(migrations, "sql_root", lambda: copy)
     with db.connect() as conn:
         with pytest.raises(psycopg.errors.DivisionByZero):

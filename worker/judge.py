@@ -67,9 +67,17 @@ def tokens_equal(expected_path: Path, actual_path: Path) -> bool:
         return e.read().split() == a.read().split()
 
 
+# The canaries' built-in problem: its test data ships with this package, so every worker has it
+# (a directory of that name under the worker's test data directory, if there is one, comes first).
+CANARY_PROBLEM_SLUG = "judge-canary"
+CANARY_TESTS_DIR = Path(__file__).resolve().parent / "canary_tests"
+
+
 def find_tests(testdata_dir: Path, job: Job) -> tuple[list[tuple[Path, Path]], str | None]:
-    for name in (str(job.problem_id), job.problem_slug):
-        directory = testdata_dir / name
+    candidates = [testdata_dir / str(job.problem_id), testdata_dir / job.problem_slug]
+    if job.problem_slug == CANARY_PROBLEM_SLUG:
+        candidates.append(CANARY_TESTS_DIR)
+    for directory in candidates:
         if directory.is_dir():
             break
     else:

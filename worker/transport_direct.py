@@ -74,11 +74,14 @@ class DirectTransport:
         with conn.transaction():
             rr_last_home = conn.execute(L.take_global_lock).fetchone()[0]
             conn.execute(L.mark_node_idle, {"worker_id": self.config.worker_id, "kind": self.config.kind})
-            if not self._my_turn(conn, rr_last_home):
-                return None
+            params = {"worker_id": self.config.worker_id, "languages": list(self.config.languages)}
             with conn.cursor(row_factory=dict_row) as cur:
-                row = cur.execute(L.claim_oldest_pending, {"worker_id": self.config.worker_id,
-                                                           "languages": list(self.config.languages)}).fetchone()
+                # A canary pinned to this worker is nobody else's turn: taken before the turn is asked.
+                row = cur.execute(L.claim_pinned_canary, params).fetchone()
+                if row is None:
+                    if not self._my_turn(conn, rr_last_home):
+                        return None
+                    row = cur.execute(L.claim_oldest_pending, params).fetchone()
             if row is None:
                 return None
             conn.execute(L.note_claim, {"worker_id": self.config.worker_id, "kind": self.config.kind})

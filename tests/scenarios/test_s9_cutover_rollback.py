@@ -127,8 +127,8 @@ def test_stage4_rolls_back_to_the_legacy_scheme_under_load(make_db, arbiters, wo
     counts, _ = wait_all_judged_once(db, submitted)
     assert set(counts) <= {"AC", "WA"}
     with db.connect() as conn:
-        # All the way back: the stage-1 columns go too, and the legacy scheme alone keeps judging.
-        migrations.migrate(conn, "baseline")
+        # All the way back to stage 0: the stage-1 columns go too, and the legacy scheme alone keeps judging.
+        migrations.migrate(conn, "stage0")
         late = leases.submit(conn, user, problem, "python3", PROGRAMS["python3"]["AC"])
         wait_for(lambda: conn.execute("SELECT status FROM submissions WHERE id = %s", (late,)).fetchone()[0] == "AC",
                  30, what="a submission judged on the pure legacy schema")

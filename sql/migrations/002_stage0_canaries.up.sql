@@ -1,0 +1,34 @@
+-- Stage 0 (the legacy site made ready for the cutover): canary submissions.
+-- A canary is a known program with a known expected verdict on a built-in problem, judged through
+-- every arrow a real submission takes, credited to nobody. Additive only: legacy code that knows
+-- nothing of canaries reads and writes the table as before (every new column is nullable).
+
+ALTER TABLE submissions
+    -- The verdict the canary must get; NULL for every real submission (that is what makes a canary).
+    ADD COLUMN canary_expect text CHECK (canary_expect IN
+        ('AC', 'WA', 'TLE', 'MLE', 'RE', 'CE', 'OLE', 'system_error')),
+    -- Only this worker may take it (a cutover gate's canary); NULL: any worker (the standing probe).
+    ADD COLUMN pinned_worker text,
+    -- When the current judging began (a claim or a lease): the canary's queued -> leased timing.
+    ADD COLUMN leased_at timestamptz,
+    ADD CONSTRAINT submissions_only_canaries_are_pinned CHECK (pinned_worker IS NULL OR canary_expect IS NOT NULL);
+
+-- Canaries go to the front of the queue: each claim looks here first (a handful of rows at most).
+CREATE INDEX submissions_canary_pending_idx ON submissions (id)
+    WHERE status = 'pending' AND canary_expect IS NOT NULL;
+-- The last canary per worker, and the clean-up of old canaries.
+CREATE INDEX submissions_canary_idx ON submissions (created_at) WHERE canary_expect IS NOT NULL;
+
+-- The pin holds whatever code runs the claim (a legacy worker not yet upgraded knows nothing of
+-- pins): a claim of a pinned canary by anyone but its worker changes nothing, as if the row were taken.
+CREATE FUNCTION submissions_pin_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER submissions_pin_guard
+    BEFORE UPDATE ON submissions
+    FOR EACH ROW
+    WHEN (NEW.pinned_worker IS NOT NULL AND NEW.status = 'judging'
+          AND NEW.worker_id IS DISTINCT FROM NEW.pinned_worker)
+    EXECUTE FUNCTION submissions_pin_guard();
