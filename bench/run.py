@@ -527,7 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"done in {elapsed:.0f} s", flush=True)
     if args.write:
-        Path(args.write).write_text("\n".join(header + lines) + "\n")
+        # bench/judge.py's section (between its markers) is its own: kept as that command wrote it.
+        old = Path(args.write).read_text() if Path(args.write).exists() else ""
+        begin, end = "<!-- bench/judge.py: begin -->", "<!-- bench/judge.py: end -->"
+        judge = old[old.index(begin):old.index(end) + len(end)] + "\n" if begin in old and end in old else ""
+        Path(args.write).write_text("\n".join(header + lines) + "\n" + ("\n" + judge if judge else ""))
         (Path(args.write).with_suffix(".json")).write_text(json.dumps(results, indent=2, default=str))
     return 0
 

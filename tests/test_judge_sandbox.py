@@ -208,3 +208,67 @@ def test_the_wall_clock_limit_starts_with_the_program_not_with_the_sandbox(tmp_p
     finally:
         shutil.rmtree(tools, ignore_errors=True)
         shutil.rmtree(box, ignore_errors=True)
+
+
+def _evict_from_page_cache(path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def test_reading_a_large_input_is_never_charged_as_the_programs_memory(judge):
+    """A+B after 100 MB of blanks, under a 64 MB limit: AC cold and warm, with the program's own ~1 MB.
+
+    The cgroup's peak counts the page cache of the input the program read (80.9 MB and MLE cold, in
+    the report of issue #14); the launcher's figure is the program's RSS."""
+    directory = write_testdata(judge.testdata_dir, 5, [("", "3\n")])
+    with open(directory / "1.in", "wb") as f:
+        blank = b" " * (1 << 20)
+        for _ in range(100):
+            f.write(blank)
+        f.write(b"1 2\n")
+    try:
+        for cache in ("cold", "warm"):
+            if cache == "cold":
+                _evict_from_page_cache(directory / "1.in")
+            result = judge.judge(job("c", PROGRAMS["c"]["AC"], problem_id=5, time_limit_ms=5000,
+                                     memory_limit_kb=65536))
+            assert result.verdict == "AC", (cache, result.detail)
+            assert result.memory_kb < 8192, (cache, result.detail)
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_cpu_time_is_the_programs_own(judge):
+    """Nothing of the launch chain (bash, prlimit, setpriv, bwrap) is charged: 12-13 ms before."""
+    result = judge.judge(job("c", PROGRAMS["c"]["AC"]))
+    assert result.verdict == "AC", result.detail
+    assert all(t["time_ms"] <= 2 for t in result.detail["tests"]), result.detail
+
+
+# The parent answers and exits without waiting for the child that does the work: the child's CPU
+# must still be charged (the launcher reaps what the program leaves and reports all of it).
+CPU_IN_AN_ORPHAN_C = r"""
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+int main(void) {
+    long a, b;
+    if (scanf("%ld %ld", &a, &b) != 2) return 1;
+    if (fork() == 0) {
+        volatile unsigned long x = 0;
+        clock_t start = clock();
+        while (clock() - start < CLOCKS_PER_SEC * 3 / 10) x++;
+        return 0;
+    }
+    usleep(600000);
+    printf("%ld\n", a + b);
+    return 0;
+}
+"""
+
+
+def test_cpu_used_by_processes_the_program_left_behind_is_charged(judge):
+    result = judge.judge(job("c", CPU_IN_AN_ORPHAN_C, time_limit_ms=2000))
+    assert result.verdict == "AC", result.detail
+    assert all(t["time_ms"] >= 250 for t in result.detail["tests"]), result.detail

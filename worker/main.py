@@ -50,7 +50,8 @@ class Worker:
         self.stopping = threading.Event()
         self.outbox = Outbox(cfg.outbox_dir)
         self.sandbox = sandbox or Sandbox(uid=cfg.sandbox.uid, gid=cfg.sandbox.gid,
-                                          cgroup_parent=cfg.sandbox.cgroup_parent)
+                                          cgroup_parent=cfg.sandbox.cgroup_parent,
+                                          launcher_dir=cfg.work_dir / "launcher")
         self.judge = Judge(self.sandbox, cfg.testdata_dir, cfg.work_dir, output_limit_kb=cfg.sandbox.output_limit_kb,
                            wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes,
                            stderr_limit_kb=cfg.sandbox.stderr_limit_kb)

@@ -8,11 +8,13 @@ core dumps, process count (cgroup pids.max, or RLIMIT_NPROC when no cgroup is wr
 (cgroup memory limit, or RLIMIT_AS), and a wall-clock timer in the parent that starts when the
 sandbox reports it starts the program (setting up the sandbox is not the program's time). A sandbox
 that fails to start the program, or takes START_TIMEOUT_SECS to, raises SandboxFailure: the
-machine's failure is never a verdict.
+machine's failure is never a verdict. Inside, the launcher (launcher.c) runs the program as its
+child and reports its own CPU time and peak RSS: nothing of the launch chain, no page cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -31,6 +33,12 @@ ETC_RO = ["/etc/ld.so.cache", "/etc/alternatives"]
 START_TIMEOUT_SECS = 30.0
 # How much of a program's stderr is kept (its end): enough for a traceback's last lines in `detail`.
 STDERR_TAIL_BYTES = 4096
+# The launcher (worker/launcher.c): PID 1 inside the sandbox, it runs the program as its child and
+# reports the program's own CPU time and peak RSS. Built once per machine (by the source's digest)
+# into this directory; the sandbox uid must be able to read and run it.
+DEFAULT_LAUNCHER_DIR = Path("/var/cache/judge-worker")
+LAUNCHER_SOURCE = Path(__file__).with_name("launcher.c")
+LAUNCHER_IN_SANDBOX = "/judge-launcher"
 
 
 def storable_text(data: bytes) -> str:
@@ -76,7 +84,7 @@ class RunResult:
 
 class Sandbox:
     def __init__(self, uid: int = 65534, gid: int = 65534, bwrap: str | None = None,
-                 cgroup_parent: str = cgroups.DEFAULT_PARENT):
+                 cgroup_parent: str = cgroups.DEFAULT_PARENT, launcher_dir: Path = DEFAULT_LAUNCHER_DIR):
         self.uid = uid
         self.gid = gid
         self.cgroup_parent = cgroup_parent
@@ -87,6 +95,7 @@ class Sandbox:
             if shutil.which(tool) is None:
                 raise SandboxUnavailable(f"{tool} (util-linux) is not installed")
         self.cgroup_version = cgroups.detect()
+        self.launcher = build_launcher(launcher_dir)
 
     def self_test(self, scratch: Path) -> None:
         """Refuse to start if isolation does not work on this machine."""
@@ -115,10 +124,11 @@ class Sandbox:
                                      "check that bubblewrap works and unprivileged user namespaces are enabled")
 
     def _bwrap_args(self, box: Path, writable_box: bool) -> list[str]:
-        # --as-pid-1: the program itself is PID 1 of its namespace and bwrap reaps it, so wait4() on our
-        # child reports the program's own CPU time and peak RSS (with a reaper in between it would not).
+        # --as-pid-1: the launcher is PID 1 of the namespace (no bwrap init in between); the program is
+        # its child, and the launcher reports the program's own CPU time and peak RSS.
         args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
-                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--ro-bind", str(self.launcher), LAUNCHER_IN_SANDBOX]
         for path in SYSTEM_RO:
             if os.path.lexists(path):
                 args += (["--symlink", os.readlink(path), path] if os.path.islink(path)
@@ -153,15 +163,14 @@ class Sandbox:
             # runs (another worker, a fork bomb being killed) use it up and then setpriv cannot even
             # exec bwrap. Only without a pids cgroup is it the limit of last resort.
             rlimits += [f"--as={limits.memory_kb * 1024}", f"--nproc={limits.max_processes}"]
-        # The last step inside the finished sandbox reports on this pipe that it is starting the program:
-        # no report means the sandbox failed (SandboxFailure), whatever the exit status says.
-        # (dash takes single-digit descriptors only: the outer bash moves the pipe to 9 first.)
+        # The launcher, the last step inside the finished sandbox, reports on this pipe (as fd 9) that it
+        # starts the program, and how the program ended: no start report means the sandbox failed
+        # (SandboxFailure), whatever the exit status says.
         started_r, started_w = os.pipe()
-        launch = 'printf started >&9 && exec "$@" 9>&-'
         # prlimit(1) rather than preexec_fn: no Python runs between fork and exec in this threaded process.
         inner = ["prlimit", *rlimits, "--",
                  "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs",
-                 "--", *self._bwrap_args(box, writable_box), "--", "/bin/sh", "-c", launch, "sandbox", *argv]
+                 "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
         # The shell moves itself into the cgroup before exec, so nothing escapes it by forking early.
         script = "".join(f'echo $$ > "{f}" && ' for f in (group.procs_files if group is not None else ()))
         script += ("" if started_w == 9 else f"exec 9>&{started_w} {started_w}>&- && ") + 'exec "$@"'
@@ -191,12 +200,13 @@ class Sandbox:
             # the program, not from the launch (namespaces can take seconds to set up on a busy machine,
             # which is not the program's doing). Until then the deadline is START_TIMEOUT_SECS.
             os.set_blocking(started_r, False)
+            report = _LauncherReport(started_r)
             deadline = launched + START_TIMEOUT_SECS
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
-                if program_started_at is None and _reported_start(started_r):
+                if program_started_at is None and report.read().started:
                     program_started_at = time.monotonic()
                     deadline = program_started_at + limits.wall_ms / 1000
                 overflow = any(p.exceeded.is_set() for p in pumps)
@@ -213,7 +223,8 @@ class Sandbox:
                     break
                 time.sleep(0.005)
             ended = time.monotonic()
-            if program_started_at is None and _reported_start(started_r):  # started and ended between looks
+            report.read()  # every writer has exited: the rest of the report, if any
+            if program_started_at is None and report.started:  # started and ended between looks
                 program_started_at = ended
             program_started = program_started_at is not None
             wall_ms = int((ended - (program_started_at or launched)) * 1000)
@@ -231,18 +242,28 @@ class Sandbox:
             raise SandboxFailure(f"the sandbox did not start the program (exit status {code}"
                                  f"{f', killed after {START_TIMEOUT_SECS:.0f}s' if killed else ''}); "
                                  "its own message is in the run's stderr")
-        sig = -code if code < 0 else None
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) > 128 and not os.WIFSIGNALED(status):
-            # bwrap reports the sandboxed program's death by signal N as exit 128+N.
-            sig = os.WEXITSTATUS(status) - 128
-        cpu_ms = int((usage.ru_utime + usage.ru_stime) * 1000)
+        if report.done is not None:
+            # The program's own end and figures, from the launcher: nothing of the launch chain, no
+            # page cache (the cgroup's peak counts the input the program read; its RSS does not).
+            status, cpu_us, memory_kb = report.done
+            code = os.waitstatus_to_exitcode(status)
+            sig = -code if code < 0 else None
+            cpu_ms = cpu_us // 1000
+        else:
+            # Killed before the launcher could report (a time-out, an OOM kill of the launcher): the
+            # figures of the whole chain, the best there is; the verdict does not rest on them.
+            sig = -code if code < 0 else None
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) > 128:
+                sig = os.WEXITSTATUS(status) - 128  # bwrap's report of its child's death by signal N
+            cpu_ms = int((usage.ru_utime + usage.ru_stime) * 1000)
+            # ru_maxrss of our child starts at this (forking) process's own size; the cgroup's peak does not.
+            memory_kb = peak_kb if peak_kb is not None else usage.ru_maxrss
         return RunResult(
             exit_code=None if sig else code,
             signal=sig,
             cpu_ms=cpu_ms,
             wall_ms=wall_ms,
-            # ru_maxrss of our child starts at this (forking) process's own size; the cgroup's peak does not.
-            memory_kb=peak_kb if peak_kb is not None else usage.ru_maxrss,
+            memory_kb=memory_kb,
             oom_killed=oom,
             wall_timeout=wall_timeout,
             output_exceeded=sig == signal.SIGXFSZ or any(p.exceeded.is_set() for p in pumps),
@@ -250,12 +271,33 @@ class Sandbox:
         )
 
 
-def _reported_start(started_r: int) -> bool:
-    """True once the sandbox's last step has written 'started' (the pipe is non-blocking)."""
-    try:
-        return os.read(started_r, 16) == b"started"
-    except BlockingIOError:
-        return False
+class _LauncherReport:
+    """What the launcher wrote on its pipe (non-blocking): "started", then "done <wait status> <user
+    CPU us> <system CPU us> <peak RSS KiB>" once the program has ended."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.text = b""
+        self.started = False
+        self.done: tuple[int, int, int] | None = None  # (wait status, CPU us, peak RSS KiB)
+
+    def read(self) -> _LauncherReport:
+        while True:
+            try:
+                chunk = os.read(self.fd, 256)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self.text += chunk[: 1024 - len(self.text)]
+        lines = self.text.split(b"\n")
+        self.started = lines[0] == b"started" and len(lines) > 1
+        for line in lines[1:]:
+            fields = line.split()
+            if len(fields) == 5 and fields[0] == b"done" and all(f.lstrip(b"-").isdigit() for f in fields[1:]):
+                status, user_us, system_us, rss_kb = (int(f) for f in fields[1:])
+                self.done = (status, user_us + system_us, rss_kb)
+        return self
 
 
 class _OutputPump(threading.Thread):
@@ -328,3 +370,27 @@ def limits_for_compile() -> Limits:
     return Limits(cpu_ms=20000, wall_ms=30000, memory_kb=1048576, output_kb=65536, max_processes=32,
                   max_open_files=256)
 
+
+
+def build_launcher(directory: Path) -> Path:
+    """The launcher binary for this source (built static with gcc, once; by digest, so an upgrade
+    builds anew and two workers share one). A launcher that cannot be built is SandboxUnavailable."""
+    source = LAUNCHER_SOURCE.read_bytes()
+    target = directory / f"judge-launcher-{hashlib.sha256(source).hexdigest()[:16]}"
+    if target.exists():
+        return target
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise SandboxUnavailable("gcc is not installed: the sandbox launcher is built with it")
+    try:
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        partial = directory / f".{target.name}.{os.getpid()}.{threading.get_ident()}"
+        built = subprocess.run([gcc, "-static", "-O2", "-o", str(partial), str(LAUNCHER_SOURCE)],
+                               capture_output=True, text=True, timeout=120)
+        if built.returncode != 0:
+            raise SandboxUnavailable(f"cannot build the sandbox launcher: {built.stderr.strip()[-300:]}")
+        partial.chmod(0o755)
+        os.replace(partial, target)  # atomic: a concurrent build finds either nothing or a whole file
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot build the sandbox launcher in {directory}: {exc}") from exc
+    return target
