@@ -246,7 +246,8 @@ def test_cpu_time_is_the_programs_own(judge):
     assert all(t["time_ms"] <= 2 for t in result.detail["tests"]), result.detail
 
 
-# The parent answers and exits without waiting for the child that does the work: the child's CPU
+# The parent answers and exits without waiting for the child that does the work (it only reads a
+# pipe the child writes when done, so a busy machine cannot end the child early): the child's CPU
 # must still be charged (the launcher reaps what the program leaves and reports all of it).
 CPU_IN_AN_ORPHAN_C = r"""
 #include <stdio.h>
@@ -254,14 +255,18 @@ CPU_IN_AN_ORPHAN_C = r"""
 #include <unistd.h>
 int main(void) {
     long a, b;
-    if (scanf("%ld %ld", &a, &b) != 2) return 1;
+    int done[2];
+    char c;
+    if (scanf("%ld %ld", &a, &b) != 2 || pipe(done) != 0) return 1;
     if (fork() == 0) {
         volatile unsigned long x = 0;
         clock_t start = clock();
         while (clock() - start < CLOCKS_PER_SEC * 3 / 10) x++;
-        return 0;
+        write(done[1], "x", 1);
+        _exit(0);
     }
-    usleep(600000);
+    close(done[1]);
+    if (read(done[0], &c, 1) != 1) return 1;
     printf("%ld\n", a + b);
     return 0;
 }
