@@ -27,6 +27,9 @@ class ArbiterSettings:
     lease_secs: float = 60.0
     grace_secs: float = 60.0
     max_attempts: int = 3
+    # A lease handed back (release) this many times makes the submission system_error: no worker
+    # could judge it (each release gives its attempt back, so max_attempts alone would not stop it).
+    max_releases: int = 5
     long_poll_max_secs: float = 30.0
     # server capacity: parked long-polls never take the reserved threads
     max_parked: int = 48
@@ -138,7 +141,7 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
                 "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs",
-                "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_parked", "max_parked_per_worker",
+                "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_releases", "max_parked", "max_parked_per_worker",
                 "reserved_threads", "max_body_bytes", "legacy_fresh_secs"]
     for key in positive:
         if getattr(settings, key) <= 0:

@@ -92,6 +92,12 @@ class HeartbeatResult:
 
 
 @dataclass(frozen=True)
+class ReleaseResult:
+    outcome: WriteOutcome
+    status: str | None = None  # 'pending', or 'system_error' at the last allowed release
+
+
+@dataclass(frozen=True)
 class ResultRecord:
     outcome: WriteOutcome
     verdict: str | None = None
@@ -219,6 +225,25 @@ def heartbeat(
     if row is not None:
         return HeartbeatResult(WriteOutcome.ACCEPTED, row[0])
     return HeartbeatResult(_explain_miss(conn, worker_id, submission_id, token))
+
+
+def release(
+    conn: psycopg.Connection, *, worker_id: str, submission_id: int, lease_token: str | uuid.UUID, reason: str,
+    max_releases: int,
+) -> ReleaseResult:
+    """judging -> pending (or system_error at the max_releases-th time): the holder hands its lease back."""
+    token = _as_uuid(lease_token)
+    if token is None:
+        return ReleaseResult(_explain_miss(conn, worker_id, submission_id, None))
+    with conn.transaction():
+        row = conn.execute(
+            Q.release_lease,
+            {"submission_id": submission_id, "lease_token": token, "worker_id": worker_id, "reason": reason,
+             "max_releases": max_releases},
+        ).fetchone()
+    if row is not None:
+        return ReleaseResult(WriteOutcome.ACCEPTED, row[1])
+    return ReleaseResult(_explain_miss(conn, worker_id, submission_id, token))
 
 
 def record_result(

@@ -15,6 +15,7 @@ _HELP = {
     "arbiter_requests_total": ("counter", "HTTP requests answered, by route and status"),
     "arbiter_results_total": ("counter", "Results received, by outcome"),
     "arbiter_heartbeats_total": ("counter", "Heartbeats received, by outcome"),
+    "arbiter_releases_total": ("counter", "Leases handed back by their workers, by outcome"),
     "arbiter_is_leader": ("gauge", "1 while this arbiter holds the leader lock"),
     "arbiter_db_up": ("gauge", "1 while the database answers"),
     "arbiter_last_round_age_seconds": ("gauge", "Seconds since the last completed dispatch round"),

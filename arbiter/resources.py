@@ -209,6 +209,31 @@ class Heartbeat(_Base):
         _json(resp, falcon.HTTP_200, {"submission_id": submission_id, "expires_at": result.expires_at.isoformat()})
 
 
+class Release(_Base):
+    """The holder hands its lease back: the submission is pending again at once (or system_error once
+    released max_releases times), instead of waiting out the lease."""
+
+    auth = True
+
+    def on_post(self, req, resp, submission_id: int):
+        body = read_json(req, self.settings.max_body_bytes)
+        token = _field(body, "lease_token", str)
+        reason = _field(body, "reason", str, required=False, default="")
+        if len(reason) > 500:
+            raise falcon.HTTPBadRequest(title="malformed request", description="reason longer than 500 characters")
+        worker = req.context.worker
+        with self.runtime.pool.connection() as conn:
+            result = leases.release(conn, worker_id=worker.worker_id, submission_id=submission_id,
+                                    lease_token=token, reason=reason,
+                                    max_releases=self.settings.max_releases)
+        METRICS.inc("arbiter_releases_total", outcome=result.outcome.value)
+        if result.outcome is not WriteOutcome.ACCEPTED:
+            raise _outcome_error(result.outcome, "release")
+        log.info("lease released", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
+                                          "status": result.status, "reason": reason})
+        _json(resp, falcon.HTTP_200, {"submission_id": submission_id, "status": result.status})
+
+
 class Result(_Base):
     auth = True
 

@@ -150,6 +150,35 @@ WITH expired AS (
 )
 SELECT id, status, old_worker_id FROM reclaimed;
 
+-- name: release_lease
+-- arrows: judging -> pending (the holder hands its lease back at once: it is stopping, its sandbox will
+-- not start, it cannot obtain the test data), judging -> system_error at the max_releases-th release
+-- (a submission no worker can judge must not go round for ever). Fenced like a result; the attempt
+-- is given back (not judging it was not the submission's doing).
+WITH released AS (
+    UPDATE submissions s
+    SET lease_releases = s.lease_releases + 1,
+        judge_attempts = greatest(s.judge_attempts - 1, 0),
+        status = CASE WHEN s.lease_releases + 1 >= %(max_releases)s THEN 'system_error' ELSE 'pending' END,
+        judged_at = CASE WHEN s.lease_releases + 1 >= %(max_releases)s THEN now() END,
+        worker_id = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        lease_confirmed_at = NULL
+    WHERE s.id = %(submission_id)s AND s.status = 'judging'
+      AND s.lease_token = %(lease_token)s AND s.worker_id = %(worker_id)s
+    RETURNING s.id, s.status, s.lease_gen, s.lease_releases
+), history AS (
+    INSERT INTO submission_judgings (submission_id, worker_id, verdict, detail, lease_token, lease_gen, decided_by)
+    SELECT id, %(worker_id)s, 'system_error',
+           jsonb_build_object('reason', format('released %%s times by workers that could not judge it; last: %%s',
+                                               lease_releases, %(reason)s::text)),
+           %(lease_token)s, lease_gen, 'worker'
+    FROM released WHERE status = 'system_error'
+    RETURNING submission_id
+)
+SELECT id, status FROM released;
+
 -- name: database_now
 -- The only clock lease decisions use; the janitor compares two of its readings to notice its own absence.
 SELECT now();
@@ -164,7 +193,7 @@ WHERE status = 'judging' AND lease_token IS NOT NULL;
 -- arrow: terminal -> pending (new generation: every earlier token is dead).
 UPDATE submissions
 SET status = 'pending', lease_gen = lease_gen + 1, lease_token = NULL, worker_id = NULL,
-    lease_expires_at = NULL, lease_confirmed_at = NULL, judge_attempts = 0, judged_at = NULL
+    lease_expires_at = NULL, lease_confirmed_at = NULL, judge_attempts = 0, lease_releases = 0, judged_at = NULL
 WHERE id = ANY(%(submission_ids)s)
   AND status IN ('AC', 'WA', 'TLE', 'MLE', 'RE', 'CE', 'OLE', 'system_error')
 RETURNING id, lease_gen;

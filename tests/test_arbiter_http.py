@@ -110,6 +110,33 @@ def test_lease_result_duplicate_and_stale(world):
         assert conn.execute("SELECT xp FROM users").fetchone() == (10,)
 
 
+def test_a_released_lease_is_taken_by_a_parked_worker_at_once_and_its_token_is_dead(world):
+    """The release arrow over HTTP: a parked worker is woken by it (NOTIFY), not by lease expiry
+    (lease_secs 60 here); a stale or foreign release is refused and writes nothing."""
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, dispatch_tick_secs=30.0, unconfirmed_secs=10.0, lease_secs=60.0,
+                       long_poll_max_secs=20.0)
+    first, second = client(a, creds["home-1"]), client(a, creds["home-2"])
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+    lease = first.acquire("r-1", None, 5).body
+    assert first.heartbeat(sid, lease["lease_token"]).status == 200
+    thread, box = park(second, wait=15)
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1, what="home-2 parked")
+    assert second.release(sid, lease["lease_token"], "not mine").status == 403
+    assert first.release(sid, str(uuid.uuid4()), "stale").status == 410
+    released = first.release(sid, lease["lease_token"], "the worker is stopping")
+    assert released.status == 200 and released.body == {"submission_id": sid, "status": "pending"}
+    thread.join(15)
+    assert box["reply"].status == 200 and box["reply"].body["submission_id"] == sid
+    assert box["reply"].body["attempt"] == 1, "the released attempt was given back"
+    # The old token is dead: a repeat of the release, a heartbeat or a result under it is 410.
+    assert first.release(sid, lease["lease_token"], "again").status == 410
+    assert first.heartbeat(sid, lease["lease_token"]).status == 410
+    assert first.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC"}).status == 410
+    assert a.metric('arbiter_releases_total{outcome="accepted"}') == 1
+
+
 def test_home_workers_first_then_production(world):
     db, arbiters, creds = world
     a = arbiters.start(db.dsn, dispatch_tick_secs=30.0, unconfirmed_secs=15.0, lease_secs=20.0)

@@ -112,6 +112,53 @@ def test_result_writes_once_and_a_repeat_answers_the_same(setup):
     assert conn.execute("SELECT xp FROM users").fetchone()[0] == 10
 
 
+def release(conn, sid, token, worker_id="home-1", max_releases=3):
+    return leases.release(conn, worker_id=worker_id, submission_id=sid, lease_token=token,
+                          reason="no test data", max_releases=max_releases)
+
+
+def test_release_hands_the_lease_back_at_once_and_gives_the_attempt_back(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    lease = acquire(conn)
+    leases.heartbeat(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token, lease_secs=60)
+    # Fenced like every write: another worker, a stale token, an unknown submission change nothing.
+    assert release(conn, sid, lease.lease_token, worker_id="home-2").outcome is WriteOutcome.NOT_YOURS
+    assert release(conn, sid, uuid.uuid4()).outcome is WriteOutcome.GONE
+    assert release(conn, 999999, lease.lease_token).outcome is WriteOutcome.NOT_FOUND
+    assert row(conn, sid)[:2] == ("judging", "home-1")
+    released = release(conn, sid, lease.lease_token)
+    assert (released.outcome, released.status) == (WriteOutcome.ACCEPTED, "pending")
+    status, worker, gen, attempts, token, remaining = row(conn, sid)
+    assert (status, worker, attempts, token, remaining) == ("pending", None, 0, None, None)
+    # The same token again (a retry whose first reply was lost) is stale: nothing more happens.
+    assert release(conn, sid, lease.lease_token).outcome is WriteOutcome.GONE
+    assert row(conn, sid)[:4] == ("pending", None, gen, 0)
+    # Its old token cannot report a result any more; the next lease can.
+    assert leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token,
+                                verdict="AC").outcome is WriteOutcome.GONE
+    assert acquire(conn, worker_id="home-2").submission_id == sid
+
+
+def test_release_is_bounded_then_system_error_with_the_reason(setup):
+    conn = setup
+    (sid,) = seed_submissions(conn, 1)
+    for n in (1, 2):
+        lease = acquire(conn)
+        assert release(conn, sid, lease.lease_token).status == "pending", n
+    lease = acquire(conn)
+    assert release(conn, sid, lease.lease_token).status == "system_error"
+    assert row(conn, sid)[0] == "system_error"
+    (verdict, detail, decided_by), = conn.execute(
+        "SELECT verdict, detail, decided_by FROM submission_judgings WHERE submission_id = %s", (sid,)).fetchall()
+    assert (verdict, decided_by) == ("system_error", "worker")
+    assert detail["reason"] == "released 3 times by workers that could not judge it; last: no test data"
+    # A rejudge starts the count afresh.
+    leases.rejudge(conn, [sid])
+    lease = acquire(conn)
+    assert release(conn, sid, lease.lease_token).status == "pending"
+
+
 def test_ac_xp_granted_once_per_user_and_problem_across_rejudges(setup):
     conn = setup
     (sid,) = seed_submissions(conn, 1)

@@ -122,14 +122,18 @@ def test_worker_judges_again_after_a_passing_sandbox_failure(site):
     assert [(j[0], j[1]) for j in site["judgings"](sid)] == [("home-1", "AC")]
 
 
-def test_worker_lets_the_lease_go_and_takes_no_work_while_the_sandbox_keeps_failing(site):
+def test_worker_hands_the_lease_back_and_takes_no_work_while_the_sandbox_keeps_failing(site):
     w = arbiter_worker(site)
     outage = SandboxOutage(IDENTITY).begin()
     try:
         sid = site["submit"]()
-        wait_for(lambda: "leaving the lease to expire" in w.log_text(), 30, what="the worker giving up")
-        # The lease expires (lease_secs 4) and goes back to the queue; the broken worker does not take it.
-        wait_for(lambda: site["row"](sid)[0] == "pending", 30, interval=0.2, what="the lease reclaimed")
+        wait_for(lambda: "handing the lease back" in w.log_text(), 30, what="the worker giving up")
+        # Handed back (release), not left to expire: pending again, the attempt given back, and the
+        # broken worker does not take it.
+        wait_for(lambda: site["row"](sid)[0] == "pending", 30, interval=0.2, what="the lease handed back")
+        with site["db"].connect() as conn:
+            assert conn.execute("SELECT judge_attempts, lease_releases FROM submissions WHERE id = %s",
+                                (sid,)).fetchone() == (0, 1)
         wait_for(lambda: "sandbox still failing; taking no work" in w.log_text(), 30, what="the self-test failing")
         with site["db"].connect() as conn:
             assert conn.execute("SELECT count(*) FROM lease_grants WHERE submission_id = %s",
@@ -138,7 +142,7 @@ def test_worker_lets_the_lease_go_and_takes_no_work_while_the_sandbox_keeps_fail
     finally:
         outage.end()
     wait_for(lambda: site["row"](sid)[0] not in ("pending", "judging"), 90, interval=0.3, what="judged")
-    assert site["row"](sid) == ("AC", 2)
+    assert site["row"](sid) == ("AC", 1)
     assert [(j[0], j[1]) for j in site["judgings"](sid)] == [("home-1", "AC")]
     assert "sandbox works again" in w.log_text()
 

@@ -21,6 +21,7 @@ WORKERS = ["home-1", "home-2", "prod-1"]
 ACQUIRERS = ["home-1", "home-1", "home-2", "prod-1"]  # home-1 more often: same-worker re-leases are the hard case
 VERDICTS = sorted(leases.VERDICTS - {"system_error"}) + ["system_error"]
 MAX_ATTEMPTS = 3
+MAX_RELEASES = 2  # low, so that runs reach the bound
 EXAMPLES = int(os.environ.get("JUDGE_STATEFUL_EXAMPLES", "200"))
 
 
@@ -140,6 +141,25 @@ class LeaseMachine(RuleBasedStateMachine):
         for r in reclaimed:
             assert r.new_status in ("pending", "system_error")
             self.current[r.submission_id] = None
+
+    @precondition(lambda self: self.issued)
+    @rule(data=st.data())
+    def release(self, data):
+        """A worker hands a lease back (or a stale or foreign release is fenced off)."""
+        sid, worker, token = data.draw(st.sampled_from(self.issued))
+        as_worker = data.draw(st.sampled_from([worker] + WORKERS))
+        out = leases.release(self.conn, worker_id=as_worker, submission_id=sid, lease_token=token,
+                             reason="cannot judge", max_releases=MAX_RELEASES)
+        live = self.current.get(sid) == (worker, token)
+        if live and as_worker == worker:
+            assert out.outcome is WriteOutcome.ACCEPTED and out.status in ("pending", "system_error"), out
+            self.current[sid] = None
+            if out.status == "system_error":
+                self.decided_by[token] = "system_error"
+        elif live:
+            assert out.outcome is WriteOutcome.NOT_YOURS
+        else:
+            assert out.outcome is WriteOutcome.GONE, f"release of a dead lease of {sid} was answered {out.outcome}"
 
     @rule()
     def grace(self):

@@ -132,6 +132,20 @@ def test_sigterm_finishes_the_current_submission_then_exits(lab):
     assert "worker stopped" in w.log_text()
 
 
+def test_a_lease_taken_as_the_stop_arrives_is_handed_back_at_once(lab):
+    """SIGTERM between taking a lease and judging it: the worker releases the lease (pending again,
+    no attempt used) instead of leaving it to expire (unconfirmed_secs 10 here)."""
+    a = lab["arbiters"].start(lab["db"].dsn, unconfirmed_secs=10.0, lease_secs=30.0)
+    sid = lab["submit"]("python3")
+    w = start_worker(lab, a, env={"JUDGE_WORKER_FAULTS": "term_after_assignment"})
+    assert w.proc.wait(60) == 0, w.log_text()
+    with lab["db"].connect() as conn:
+        assert conn.execute("SELECT status, judge_attempts, lease_releases, lease_token FROM submissions "
+                            "WHERE id = %s", (sid,)).fetchone() == ("pending", 0, 1, None), w.log_text()
+    assert "stopping: handing the new lease back" in w.log_text()
+    assert lab["history"](sid) == []
+
+
 def test_an_entry_the_arbiter_refuses_for_good_is_moved_aside_and_the_rest_delivered(lab):
     """One outbox entry that can never be delivered (422: here a detail PostgreSQL cannot store, as an
     older or broken worker might have written it) must not block the entries behind it."""

@@ -155,5 +155,9 @@ class ArbiterClient:
     def heartbeat(self, submission_id: int, lease_token: str) -> Reply:
         return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token})
 
+    def release(self, submission_id: int, lease_token: str, reason: str) -> Reply:
+        return self.request("POST", f"/v1/leases/{submission_id}/release",
+                            {"lease_token": lease_token, "reason": reason[:500]})
+
     def result(self, submission_id: int, payload: dict) -> Reply:
         return self.request("POST", f"/v1/leases/{submission_id}/result", payload)

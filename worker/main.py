@@ -134,8 +134,10 @@ class Worker:
         job = assignment.job
         faults.after_assignment()
         if self.stopping.is_set() and assignment.lease_token is not None:
-            # Stopping: an unconfirmed lease goes back to the queue by itself (and costs no attempt).
-            log.info("stopping: handing the new lease back unconfirmed", extra={"submission_id": job.submission_id})
+            # Stopping: hand the new lease back (pending again at once, no attempt used); if the arbiter
+            # cannot be reached, the unconfirmed lease goes back to the queue by itself.
+            log.info("stopping: handing the new lease back", extra={"submission_id": job.submission_id})
+            self.transport.release(assignment, "the worker is stopping")
             return True
         # A legacy claim made as the stop arrived is judged like the one in hand: nothing would ever
         # hand it back (the legacy scheme has no expiry), so leaving it would strand it in 'judging'.
@@ -153,8 +155,12 @@ class Worker:
             except SandboxFailure as exc:
                 self.sandbox_failed = True
                 if assignment.lease_token is not None:
-                    log.error("sandbox keeps failing; leaving the lease to expire so that another worker judges it",
+                    # Handed back, another worker judges it at once (if the arbiter cannot be reached,
+                    # the lease expires and the janitor hands it on).
+                    log.error("sandbox keeps failing; handing the lease back so that another worker judges it",
                               extra={"submission_id": job.submission_id, "error": str(exc)[:300]})
+                    keepalive.stop()
+                    self.transport.release(assignment, f"sandbox failure: {str(exc)[:300]}")
                     return True
                 log.error("sandbox keeps failing; reporting system_error", extra={
                     "submission_id": job.submission_id, "error": str(exc)[:300]})

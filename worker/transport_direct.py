@@ -111,6 +111,10 @@ class DirectTransport:
             return None
         return Assignment(job, None, None, self.name)
 
+    def release(self, assignment: Assignment, reason: str) -> bool:
+        """The legacy scheme has no lease to hand back (its claims never expire): never called for one."""
+        return False
+
     def keep_alive(self, assignment: Assignment) -> NoKeepAlive:
         return NoKeepAlive()
 

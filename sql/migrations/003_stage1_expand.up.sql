@@ -5,7 +5,9 @@ ALTER TABLE submissions
     ADD COLUMN lease_token          uuid,
     ADD COLUMN lease_gen            bigint NOT NULL DEFAULT 0 CHECK (lease_gen >= 0),
     ADD COLUMN lease_expires_at     timestamptz,
-    ADD COLUMN lease_confirmed_at   timestamptz;
+    ADD COLUMN lease_confirmed_at   timestamptz,
+    -- Leases handed back by their workers since the last rejudge (release_lease); bounded.
+    ADD COLUMN lease_releases       integer NOT NULL DEFAULT 0 CHECK (lease_releases >= 0);
 CREATE UNIQUE INDEX submissions_lease_token_idx ON submissions (lease_token) WHERE lease_token IS NOT NULL;
 CREATE INDEX submissions_lease_expiry_idx ON submissions (lease_expires_at) WHERE status = 'judging';
 
