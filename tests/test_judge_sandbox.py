@@ -135,11 +135,13 @@ def test_compiler_cannot_include_host_files(judge):
     assert "root:" not in result.detail["compiler_output"]
 
 
-def test_missing_test_data_is_system_error_with_a_reason(judge):
-    result = judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=4))
-    assert result.verdict == "system_error" and "no .in files" in result.detail["reason"]
-    result = judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=99))
-    assert result.verdict == "system_error" and "no test data for problem 99" in result.detail["reason"]
+def test_missing_test_data_is_never_a_verdict_but_a_reason_this_worker_cannot_judge_it(judge):
+    from worker.judge import CannotJudgeHere
+
+    with pytest.raises(CannotJudgeHere, match="no .in files"):
+        judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=4))
+    with pytest.raises(CannotJudgeHere, match="no test data for problem 99"):
+        judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=99))
 
 
 # A correct A+B that writes a lot of debug output to stderr first.

@@ -146,6 +146,47 @@ def test_a_lease_taken_as_the_stop_arrives_is_handed_back_at_once(lab):
     assert lab["history"](sid) == []
 
 
+def test_a_worker_without_the_test_data_hands_the_lease_to_one_that_has_it(lab, tmp_path):
+    """home-1 lacks the problem's test data: it releases the lease (a reason, not a verdict) and
+    home-2, which has the data, judges it; no attempt is charged for home-1's releases."""
+    a = lab["arbiters"].start(lab["db"].dsn, max_releases=1000, unconfirmed_secs=10.0, lease_secs=30.0)
+    sid = lab["submit"]("python3")
+    empty = tmp_path / "no-testdata"
+    empty.mkdir()
+    lab["workers"]("home-1", "home", "arbiter", empty, arbiter_urls=[a.url], credential=lab["cred"],
+                   **WORKER_FAST).start()
+
+    def releases():
+        with lab["db"].connect() as conn:
+            return conn.execute("SELECT lease_releases FROM submissions WHERE id = %s", (sid,)).fetchone()[0]
+
+    wait_for(lambda: releases() >= 1, 30, what="home-1 handing the lease back")
+    with lab["db"].connect() as conn:
+        cred2 = add_worker(conn, "home-2")
+    lab["workers"]("home-2", "home", "arbiter", lab["testdata"], arbiter_urls=[a.url], credential=cred2,
+                   **WORKER_FAST).start()
+    wait_for(lambda: lab["status"](sid) == "AC", 60, interval=0.2, what="judged by home-2")
+    with lab["db"].connect() as conn:
+        assert conn.execute("SELECT worker_id, verdict FROM submission_judgings WHERE submission_id = %s",
+                            (sid,)).fetchall() == [("home-2", "AC")]
+        assert conn.execute("SELECT judge_attempts FROM submissions WHERE id = %s", (sid,)).fetchone() == (1,)
+
+
+def test_a_submission_no_worker_can_judge_ends_as_system_error_with_the_reason(lab, tmp_path):
+    a = lab["arbiters"].start(lab["db"].dsn, max_releases=3)
+    sid = lab["submit"]("python3")
+    empty = tmp_path / "no-testdata"
+    empty.mkdir()
+    w = lab["workers"]("home-1", "home", "arbiter", empty, arbiter_urls=[a.url], credential=lab["cred"],
+                       **WORKER_FAST).start()
+    wait_for(lambda: lab["status"](sid) == "system_error", 60, interval=0.2, what="given up after 3 releases")
+    with lab["db"].connect() as conn:
+        ((reason,),) = conn.execute("SELECT detail->>'reason' FROM submission_judgings WHERE submission_id = %s",
+                                    (sid,)).fetchall()
+    assert reason.startswith("released 3 times by workers that could not judge it; last: no test data for problem")
+    assert "cannot judge this submission here; handing the lease back" in w.log_text()
+
+
 def test_an_entry_the_arbiter_refuses_for_good_is_moved_aside_and_the_rest_delivered(lab):
     """One outbox entry that can never be delivered (422: here a detail PostgreSQL cannot store, as an
     older or broken worker might have written it) must not block the entries behind it."""

@@ -2,7 +2,8 @@
 
 Test data comes from the local test-data directory: ``<testdata>/<problem_id>/<n>.in`` and
 ``<n>.out`` (a directory named by the problem's slug is accepted too). Missing or broken
-test data is ``system_error`` with a reason, never a wrong verdict.
+test data is never a wrong verdict: it raises CannotJudgeHere with the reason (the worker hands
+the lease back, or reports a legacy claim as ``system_error`` with that reason).
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ CANARY_PROBLEM_SLUG = "judge-canary"
 CANARY_TESTS_DIR = Path(__file__).resolve().parent / "canary_tests"
 
 
+class CannotJudgeHere(Exception):
+    """This worker lacks what the submission needs (its language, its problem's test data). Not a
+    verdict on the submission: an arbiter lease is handed back for another worker; a legacy claim,
+    which nothing hands on, is reported as system_error with this reason."""
+
+
 def find_tests(testdata_dir: Path, job: Job) -> tuple[list[tuple[Path, Path]], str | None]:
     candidates = [testdata_dir / str(job.problem_id), testdata_dir / job.problem_slug]
     if job.problem_slug == CANARY_PROBLEM_SLUG:
@@ -106,12 +113,14 @@ class Judge:
         self.max_processes = max_processes
 
     def judge(self, job: Job, cancelled: threading.Event | None = None) -> Verdict:
+        """The verdict of one submission. Raises CannotJudgeHere when this worker lacks what it needs
+        (the language, the test data): another worker may have it, so that is not a verdict."""
         cancelled = cancelled or threading.Event()
         if job.language not in LANGUAGES:
-            return Verdict("system_error", detail={"reason": f"worker does not judge language {job.language!r}"})
+            raise CannotJudgeHere(f"worker does not judge language {job.language!r}")
         tests, problem = find_tests(self.testdata_dir, job)
         if problem:
-            return Verdict("system_error", detail={"reason": problem})
+            raise CannotJudgeHere(problem)
         spec = LANGUAGES[job.language]
         run_dir = self.work_dir / f"s{job.submission_id}-{os.getpid()}-{threading.get_ident()}"
         shutil.rmtree(run_dir, ignore_errors=True)

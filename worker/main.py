@@ -27,7 +27,7 @@ from arbiter import logs
 from . import config as config_mod
 from . import faults
 from .backoff import Backoff
-from .judge import Judge, JudgeCancelled, Verdict
+from .judge import CannotJudgeHere, Judge, JudgeCancelled, Verdict
 from .outbox import Outbox
 from .sandbox import Sandbox, SandboxFailure, SandboxUnavailable
 
@@ -165,6 +165,16 @@ class Worker:
                 log.error("sandbox keeps failing; reporting system_error", extra={
                     "submission_id": job.submission_id, "error": str(exc)[:300]})
                 verdict = Verdict("system_error", detail={"reason": f"sandbox failure: {exc}"})
+            except CannotJudgeHere as exc:
+                if assignment.lease_token is not None:
+                    log.error("cannot judge this submission here; handing the lease back",
+                              extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})
+                    keepalive.stop()
+                    self.transport.release(assignment, str(exc)[:400])
+                    return True
+                log.error("cannot judge this submission here; reporting system_error",
+                          extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})
+                verdict = Verdict("system_error", detail={"reason": str(exc)})
             except Exception as exc:  # noqa: BLE001 - a judge bug must not lose the lease silently
                 log.exception("judge failed", extra={"submission_id": job.submission_id})
                 verdict = Verdict("system_error", detail={"reason": f"judge error: {type(exc).__name__}"})
