@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.rows import dict_row
 
+from .leases import TERMINAL
 from .sqlfiles import Statements
 
 Q = Statements("queries.sql")
@@ -26,7 +27,6 @@ PROGRAMS = {
            '    std::cout << a + b << "\\n";\n    return 0;\n}\n',
     "python3": "a, b = map(int, input().split())\nprint(a + b)\n",
 }
-TERMINAL = ("AC", "WA", "TLE", "MLE", "RE", "CE", "OLE", "system_error")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,11 @@ def outcome(conn: psycopg.Connection, submission_id: int) -> Outcome | None:
 def withdraw(conn: psycopg.Connection, submission_id: int) -> bool:
     """pending -> system_error for a canary nobody took in time (it must not wait for a worker forever)."""
     return conn.execute(Q.withdraw_canary, {"submission_id": submission_id}).fetchone() is not None
+
+
+def last_probe_success(conn: psycopg.Connection) -> float | None:
+    """When (DB time, Unix seconds) a probe canary last got its expected verdict; None if never."""
+    return conn.execute(Q.last_probe_success).fetchone()[0]
 
 
 def open_probes(conn: psycopg.Connection) -> list[int]:

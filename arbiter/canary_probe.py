@@ -83,7 +83,7 @@ class CanaryProbe:
             # A restarted or new leader starts from the database's record; a site that never had a
             # successful canary counts from now (DB time), so the alert means "none for three
             # intervals of probing", not "none since 1970".
-            last = conn.execute(canary.Q.last_probe_success).fetchone()[0]
+            last = canary.last_probe_success(conn)
             if last is None:
                 last = leases.database_now(conn).timestamp()
             METRICS.set_gauge("arbiter_canary_last_success_timestamp_seconds", last)

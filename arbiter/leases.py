@@ -330,13 +330,15 @@ class ClaimableWork:
     def __bool__(self) -> bool:
         return bool(self._pairs)
 
+    def _reachable(self, worker_id: str, languages) -> set[tuple[str, str | None]]:
+        return {(lang, pinned) for lang, pinned in self._pairs if lang in languages and pinned in (None, worker_id)}
+
     def languages_for(self, worker_id: str, languages) -> set[str]:
-        return {lang for lang, pinned in self._pairs if lang in languages and pinned in (None, worker_id)}
+        return {lang for lang, _ in self._reachable(worker_id, languages)}
 
     def exhausted(self, worker_id: str, languages) -> None:
         """An acquire for this worker found nothing: none of this is left for anyone it would have reached."""
-        self._pairs = {(lang, pinned) for lang, pinned in self._pairs
-                       if not (lang in languages and pinned in (None, worker_id))}
+        self._pairs -= self._reachable(worker_id, languages)
 
 
 def claimable_work(conn: psycopg.Connection) -> ClaimableWork:

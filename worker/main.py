@@ -124,6 +124,14 @@ class Worker:
                 if lost.wait(delay):
                     raise JudgeCancelled() from exc
 
+    def _hand_back(self, assignment, keepalive, what: str, reason: str) -> None:
+        """An arbiter lease this worker will not judge goes back at once, for another worker (if the
+        arbiter cannot be reached, the lease expires and the janitor hands it on)."""
+        log.error(f"{what}; handing the lease back so that another worker judges it",
+                  extra={"submission_id": assignment.job.submission_id, "reason": reason[:300]})
+        keepalive.stop()
+        self.transport.release(assignment, reason)
+
     def run_once(self) -> bool:
         """One assignment judged and delivered. False when there was nothing to do."""
         if self.sandbox_failed and not self.sandbox_works():
@@ -155,22 +163,14 @@ class Worker:
             except SandboxFailure as exc:
                 self.sandbox_failed = True
                 if assignment.lease_token is not None:
-                    # Handed back, another worker judges it at once (if the arbiter cannot be reached,
-                    # the lease expires and the janitor hands it on).
-                    log.error("sandbox keeps failing; handing the lease back so that another worker judges it",
-                              extra={"submission_id": job.submission_id, "error": str(exc)[:300]})
-                    keepalive.stop()
-                    self.transport.release(assignment, f"sandbox failure: {str(exc)[:300]}")
+                    self._hand_back(assignment, keepalive, "sandbox keeps failing", f"sandbox failure: {exc}")
                     return True
                 log.error("sandbox keeps failing; reporting system_error", extra={
                     "submission_id": job.submission_id, "error": str(exc)[:300]})
                 verdict = Verdict("system_error", detail={"reason": f"sandbox failure: {exc}"})
             except CannotJudgeHere as exc:
                 if assignment.lease_token is not None:
-                    log.error("cannot judge this submission here; handing the lease back",
-                              extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})
-                    keepalive.stop()
-                    self.transport.release(assignment, str(exc)[:400])
+                    self._hand_back(assignment, keepalive, "cannot judge this submission here", str(exc))
                     return True
                 log.error("cannot judge this submission here; reporting system_error",
                           extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})

@@ -114,21 +114,19 @@ class ArbiterTransport:
         beats.start()
         return beats
 
-    def release(self, assignment: Assignment, reason: str) -> bool:
-        """Hand the lease back so that the submission is pending again at once. True when the arbiter
-        took it back (or the lease was gone anyway); False when it could not be reached: the lease
-        then expires by itself, as before there was a release."""
+    def release(self, assignment: Assignment, reason: str) -> None:
+        """Hand the lease back so that the submission is pending again at once. If the arbiter cannot
+        be reached or refuses, the lease expires by itself, as before there was a release (403, 404
+        and 410 mean it is not this worker's lease any more: nothing to hand back)."""
         try:
             reply = self.client.release(assignment.job.submission_id, assignment.lease_token, reason)
         except Unreachable as exc:
             log.warning("could not hand the lease back; it expires by itself",
                         extra={"submission_id": assignment.job.submission_id, "error": str(exc)[:200]})
-            return False
-        if reply.status in (200, 403, 404, 410):
-            return True
-        log.warning("lease release refused; it expires by itself",
-                    extra={"submission_id": assignment.job.submission_id, "status": reply.status})
-        return False
+            return
+        if reply.status not in (200, 403, 404, 410):
+            log.warning("lease release refused; it expires by itself",
+                        extra={"submission_id": assignment.job.submission_id, "status": reply.status})
 
     def entry_for(self, assignment: Assignment, verdict) -> Entry:
         return Entry(transport="arbiter", submission_id=assignment.job.submission_id, verdict=verdict.verdict,

@@ -111,9 +111,8 @@ class DirectTransport:
             return None
         return Assignment(job, None, None, self.name)
 
-    def release(self, assignment: Assignment, reason: str) -> bool:
+    def release(self, assignment: Assignment, reason: str) -> None:
         """The legacy scheme has no lease to hand back (its claims never expire): never called for one."""
-        return False
 
     def keep_alive(self, assignment: Assignment) -> NoKeepAlive:
         return NoKeepAlive()
