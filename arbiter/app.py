@@ -1,10 +1,14 @@
-"""The Falcon application: routes, middleware and error mapping."""
+"""The Falcon application (ASGI): routes, middleware and error mapping.
+
+Responders are coroutines on the server's event loop (arbiter/serving.py); their database calls,
+which are short, run on ``runtime``'s thread pools (``await runtime.db(...)``)."""
 
 from __future__ import annotations
 
 import logging
 
 import falcon
+import falcon.asgi
 
 from . import db, resources
 from .auth import WorkerAuth
@@ -22,21 +26,21 @@ class DatabaseGate:
     def __init__(self, runtime):
         self.runtime = runtime
 
-    def process_request(self, req, resp):
+    async def process_request(self, req, resp):
         if req.path not in _DB_FREE and not self.runtime.health.up:
             raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable",
                                                 retry_after=2)
 
 
 def _database_unavailable(runtime):
-    def handle(req, resp, exc, params):
+    async def handle(req, resp, exc, params):
         runtime.health.mark_down(exc)
         raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable", retry_after=2)
 
     return handle
 
 
-def _unexpected(req, resp, exc, params):
+async def _unexpected(req, resp, exc, params):
     if isinstance(exc, falcon.HTTPError):
         raise exc
     log.exception("unhandled error", extra={"route": req.uri_template})
@@ -57,8 +61,31 @@ ROUTES = [
 ]
 
 
-def create_app(runtime) -> falcon.App:
-    app = falcon.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
+class ClientGone:
+    """ASGI wrapper: puts into each HTTP request's scope a coroutine function that returns once the
+    client has disconnected. Valid after the body was read (the server then has nothing else to
+    deliver): a parked acquire awaits it beside its ticket, so a closed connection frees its place."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            async def client_gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+
+            scope[resources.CLIENT_GONE] = client_gone
+        await self.app(scope, receive, send)
+
+
+def create_asgi(runtime) -> ClientGone:
+    """What the server runs (arbiter/asgi.py)."""
+    return ClientGone(create_app(runtime))
+
+
+def create_app(runtime) -> falcon.asgi.App:
+    app = falcon.asgi.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
                                  OperatorAccess(runtime.settings.operator_token)])
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)

@@ -48,7 +48,7 @@ class WorkerAuth:
         self.runtime = runtime
         self.cache = CredentialCache(runtime.settings.credential_cache_secs)
 
-    def process_resource(self, req, resp, resource, params):
+    async def process_resource(self, req, resp, resource, params):
         if not getattr(resource, "auth", False):
             return
         header = req.get_header("Authorization") or ""
@@ -62,13 +62,20 @@ class WorkerAuth:
         digest = credentials.hash_secret(secret)
         identity = self.cache.get(worker_id, digest)
         if identity is None:
-            with self.runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                row = cur.execute(leases.Q.find_worker_credential, {"worker_id": worker_id}).fetchone()
-                if row is not None and not row["revoked"] and credentials.digest_matches(digest, row["secret_sha256"]):
-                    conn.execute(leases.Q.touch_worker, {"worker_id": worker_id})
-                    identity = WorkerIdentity(worker_id, row["kind"], tuple(row["languages"]))
+            identity = await self.runtime.db(self._verify, worker_id, digest,
+                                             urgent=getattr(resource, "urgent", False))
             if identity is None:
                 # Same answer for unknown, revoked and wrong secret: nothing to probe.
                 raise _unauthorized("unknown or revoked credential")
             self.cache.put(worker_id, digest, identity)
         req.context.worker = identity
+
+    def _verify(self, worker_id: str, digest: str) -> WorkerIdentity | None:
+        """On a database thread. A good credential also touches ``last_seen_at`` (a liveness mark of
+        the worker, not state of any submission: it happens even if the request is then refused)."""
+        with self.runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(leases.Q.find_worker_credential, {"worker_id": worker_id}).fetchone()
+            if row is None or row["revoked"] or not credentials.digest_matches(digest, row["secret_sha256"]):
+                return None
+            conn.execute(leases.Q.touch_worker, {"worker_id": worker_id})
+            return WorkerIdentity(worker_id, row["kind"], tuple(row["languages"]))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, load_settings
+from .serving import APP
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,10 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"judge-arbiter: config error: {exc}", file=sys.stderr)
         return 2
     if args.check_config:
-        print(f"config ok: bind {settings.bind}, {settings.threads} threads, max_parked {settings.max_parked}")
+        print(f"config ok: bind {settings.bind}, max_parked {settings.max_parked}, db_threads {settings.db_threads}")
         return 0
     conf = Path(__file__).with_name("gunicorn.conf.py")
-    gunicorn = [sys.executable, "-m", "gunicorn", "-c", str(conf), "arbiter.wsgi:app"]
+    gunicorn = [sys.executable, "-m", "gunicorn", "-c", str(conf), APP]
     os.execv(sys.executable, gunicorn)
     return 0  # not reached
 

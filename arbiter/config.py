@@ -31,13 +31,19 @@ class ArbiterSettings:
     # could judge it (each release gives its attempt back, so max_attempts alone would not stop it).
     max_releases: int = 5
     long_poll_max_secs: float = 30.0
-    # server capacity: parked long-polls never take the reserved threads
-    max_parked: int = 48
+    # server capacity: a parked long-poll costs a socket and a few KB, no thread (arbiter/serving.py)
+    max_parked: int = 10_000
     # One worker (one credential) may hold this many parking places; more get 429 + Retry-After, so
     # one worker cannot take the lot. A worker parks one at a time; retries take the same place.
     max_parked_per_worker: int = 4
-    reserved_threads: int = 16
     max_body_bytes: int = 1_048_576
+    # Slow clients: a request's line and headers must arrive within header_timeout_secs of its first
+    # byte (or of the connection), its body within body_timeout_secs (408); else the connection closes.
+    header_timeout_secs: float = 10.0
+    body_timeout_secs: float = 10.0
+    # Threads that run the (short) database calls of requests; also the pool's size. Requests
+    # waiting for a thread queue on the event loop, they never hold a thread while parked or stalled.
+    db_threads: int = 16
     # loops
     dispatch_tick_secs: float = 1.0
     janitor_interval_secs: float = 1.0
@@ -68,12 +74,13 @@ class ArbiterSettings:
     def __repr__(self) -> str:  # never a secret in a log line or a traceback
         return "ArbiterSettings(...)"
 
-    @property
-    def threads(self) -> int:
-        return self.max_parked + self.reserved_threads
-
 
 _ENV_OVERRIDES = {"JUDGE_DSN": "dsn", "JUDGE_ARBITER_BIND": "bind"}
+# Keys that meant something once: refused with what replaced them, not just "unknown".
+_REMOVED_KEYS = {
+    "reserved_threads": "parked requests and slow clients no longer hold threads (asyncio serving); "
+                        "remove it (db_threads sizes the threads for database calls)",
+}
 
 
 def is_toml_type(value, expected: type) -> bool:
@@ -130,6 +137,8 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         if os.environ.get(env):
             raw[key] = os.environ[env]
     raw.update(overrides)
+    for key in sorted(set(raw) & set(_REMOVED_KEYS)):
+        raise ConfigError(f"config key {key!r} was removed: {_REMOVED_KEYS[key]}")
     known = {f.name: f.type for f in fields(ArbiterSettings)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -142,7 +151,7 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
                 "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs",
                 "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_releases", "max_parked", "max_parked_per_worker",
-                "reserved_threads", "max_body_bytes", "legacy_fresh_secs"]
+                "max_body_bytes", "legacy_fresh_secs", "header_timeout_secs", "body_timeout_secs", "db_threads"]
     for key in positive:
         if getattr(settings, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0")

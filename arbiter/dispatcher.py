@@ -55,6 +55,18 @@ class Dispatcher:
         """The request is leaving (answered or timed out): its lease if it got one."""
         return self.lot.leave(ticket, wait_if_matching)
 
+    async def unpark_async(self, ticket: Ticket, wait_if_matching: float = LEAVE_WAIT_SECS) -> leases.Lease | None:
+        """``unpark`` for a request's coroutine: waiting for a running match holds no thread."""
+        done, lease = self.lot.begin_leave(ticket)
+        if done:
+            return lease
+        await ticket.event.wait_async(wait_if_matching)
+        return self.lot.end_leave(ticket)
+
+    def close_parking(self) -> None:
+        """The arbiter is stopping: every parked request is answered now and nothing parks again."""
+        self.lot.close()
+
     def cancel_all(self) -> None:
         """Leadership lost: every parked request is answered (it will retry elsewhere or later)."""
         self.lot.withdraw_all()

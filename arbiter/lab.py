@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import credentials, devcluster, leases, migrations
+from . import credentials, devcluster, leases, migrations, serving
 
 APLUSB = [("1 2\n", "3\n"), ("10 20\n", "30\n"), ("-5 5\n", "0\n")]
 REVERSE = [("abc\n", "cba\n"), ("racecar\n", "racecar\n")]
@@ -127,7 +127,7 @@ class Lab:
                         "unconfirmed_secs = 5.0\ngrace_secs = 20.0\n")
         gunicorn_conf = Path(__file__).with_name("gunicorn.conf.py")
         programs = [self._program("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(gunicorn_conf),
-                                              "arbiter.wsgi:app"], {"JUDGE_ARBITER_CONFIG": str(conf)})]
+                                              serving.APP], {"JUDGE_ARBITER_CONFIG": str(conf)})]
         work = Path(tempfile.mkdtemp(prefix="judge-lab-work-", dir="/tmp"))
         work.chmod(0o711)
         self.work = work

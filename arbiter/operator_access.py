@@ -44,7 +44,7 @@ class OperatorAccess:
     def __init__(self, token: str):
         self.token = token.encode()
 
-    def process_resource(self, req, resp, resource, params):
+    async def process_resource(self, req, resp, resource, params):
         if not getattr(resource, "operator", False):
             return
         if not self.token:

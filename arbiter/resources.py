@@ -1,7 +1,12 @@
-"""The HTTP resources. Each is small: validate, call one state-machine function, map the outcome."""
+"""The HTTP resources. Each is small: validate, call one state-machine function, map the outcome.
+
+Responders are coroutines (arbiter/app.py); ``await self.runtime.db(fn, ...)`` runs a state-machine
+function on a database thread. ``urgent = True`` puts a resource's calls on the lane that parked or
+queued acquires never use (heartbeats, results, releases)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -13,7 +18,10 @@ import falcon
 from psycopg.rows import dict_row
 
 from . import leases, probes, status
-from .tickets import Overloaded, Ticket, TooManyParked
+from .tickets import Overloaded, Stopping, Ticket, TooManyParked
+
+# Scope key under which arbiter/app.py's ClientGone puts "wait until this client disconnects".
+CLIENT_GONE = "arbiter.client_gone"
 from .leases import WriteOutcome
 from .metrics import METRICS
 
@@ -69,13 +77,22 @@ def _bad_text(text: str) -> str | None:
     return None
 
 
-def read_json(req, max_bytes: int) -> dict[str, Any]:
-    """The request's JSON object, or a 4xx: too large (413), not JSON or nested too deeply (400),
-    a value PostgreSQL cannot store (422, naming the field). Nothing is written before this passes."""
+async def read_json(req, max_bytes: int, timeout: float) -> dict[str, Any]:
+    """The request's JSON object, or a 4xx: too large (413), not all there within ``timeout`` (408),
+    not JSON or nested too deeply (400), a value PostgreSQL cannot store (422, naming the field).
+    Nothing is written before this passes."""
     length = req.content_length
     if length is not None and length > max_bytes:
         raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
-    raw = req.bounded_stream.read(max_bytes + 1)
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await req.bounded_stream.read(max_bytes + 1)
+    except TimeoutError:
+        METRICS.inc("arbiter_slow_clients_closed_total", phase="body")
+        # The rest of the body may still come: the connection is closed after the answer.
+        raise falcon.HTTPError(falcon.HTTP_408, title="body too slow",
+                               description=f"the body did not arrive within {timeout:g} s",
+                               headers={"Connection": "close"}) from None
     if len(raw) > max_bytes:
         raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
     try:
@@ -120,18 +137,31 @@ def _unavailable(description: str, retry_after: int) -> falcon.HTTPServiceUnavai
 
 
 class _Base:
+    urgent = False
+
     def __init__(self, runtime):
         self.runtime = runtime
         self.settings = runtime.settings
+
+    async def read_json(self, req) -> dict[str, Any]:
+        return await read_json(req, self.settings.max_body_bytes, self.settings.body_timeout_secs)
+
+    async def db(self, fn, **kwargs):
+        """``fn(conn, **kwargs)`` with a pooled connection, on this resource's database lane."""
+        def call():
+            with self.runtime.pool.connection() as conn:
+                return fn(conn, **kwargs)
+
+        return await self.runtime.db(call, urgent=self.urgent)
 
 
 # -- worker API ------------------------------------------------------------------
 class Acquire(_Base):
     auth = True
 
-    def on_post(self, req, resp):
+    async def on_post(self, req, resp):
         worker = req.context.worker
-        body = read_json(req, self.settings.max_body_bytes)
+        body = await self.read_json(req)
         request_id = _field(body, "request_id", str)
         if not REQUEST_ID.fullmatch(request_id):
             raise falcon.HTTPBadRequest(title="malformed request",
@@ -145,8 +175,7 @@ class Acquire(_Base):
         if not 0 <= wait <= self.settings.long_poll_max_secs:
             raise falcon.HTTPBadRequest(title="malformed request",
                                         description=f"wait_secs must be between 0 and {self.settings.long_poll_max_secs}")
-        with self.runtime.pool.connection() as conn:
-            earlier = leases.find_grant(conn, worker.worker_id, request_id)
+        earlier = await self.db(leases.find_grant, worker_id=worker.worker_id, request_id=request_id)
         if earlier is not None:
             state, lease = earlier
             METRICS.inc("arbiter_acquires_total", outcome=f"retry_{state.value}")
@@ -163,6 +192,9 @@ class Acquire(_Base):
         ticket = Ticket(worker=worker, request_id=request_id, languages=languages)
         try:
             self.runtime.dispatcher.park(ticket)
+        except Stopping:
+            METRICS.inc("arbiter_acquires_total", outcome="stopping")
+            raise _unavailable("this arbiter is stopping", 1) from None
         except Overloaded:
             METRICS.inc("arbiter_acquires_total", outcome="overloaded")
             raise _unavailable("too many parked acquire requests", 1) from None
@@ -173,9 +205,9 @@ class Acquire(_Base):
                 description=f"this worker already has {self.settings.max_parked_per_worker} acquire requests "
                             "parked; wait for one to be answered", retry_after=1) from None
         try:
-            ticket.event.wait(wait)
+            await _until_answered_or_gone(ticket, wait, req.scope.get(CLIENT_GONE))
         finally:
-            lease = self.runtime.dispatcher.unpark(ticket)
+            lease = await self.runtime.dispatcher.unpark_async(ticket)
         if lease is not None:
             METRICS.inc("arbiter_acquires_total", outcome="leased")
             return _json(resp, falcon.HTTP_200, lease.as_json())
@@ -183,6 +215,20 @@ class Acquire(_Base):
             raise _unavailable("this arbiter lost leadership", int(self.settings.leader_retry_secs) or 1)
         METRICS.inc("arbiter_acquires_total", outcome="nothing")
         resp.status = falcon.HTTP_204
+
+
+async def _until_answered_or_gone(ticket: Ticket, wait: float, client_gone) -> None:
+    """Wait for the ticket's signal, at most ``wait`` seconds, or until the client disconnects (so a
+    worker that went away frees its parking place now, not when its long-poll would have ended)."""
+    answered = asyncio.ensure_future(ticket.event.wait_async(wait))
+    watchers = {answered}
+    if client_gone is not None:
+        watchers.add(asyncio.ensure_future(client_gone()))
+    try:
+        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in watchers:
+            task.cancel()
 
 
 def _outcome_error(outcome: WriteOutcome, what: str):
@@ -196,13 +242,13 @@ def _outcome_error(outcome: WriteOutcome, what: str):
 
 class Heartbeat(_Base):
     auth = True
+    urgent = True
 
-    def on_post(self, req, resp, submission_id: int):
-        body = read_json(req, self.settings.max_body_bytes)
+    async def on_post(self, req, resp, submission_id: int):
+        body = await self.read_json(req)
         token = _field(body, "lease_token", str)
-        with self.runtime.pool.connection() as conn:
-            result = leases.heartbeat(conn, worker_id=req.context.worker.worker_id, submission_id=submission_id,
-                                      lease_token=token, lease_secs=self.settings.lease_secs)
+        result = await self.db(leases.heartbeat, worker_id=req.context.worker.worker_id,
+                               submission_id=submission_id, lease_token=token, lease_secs=self.settings.lease_secs)
         METRICS.inc("arbiter_heartbeats_total", outcome=result.outcome.value)
         if result.outcome is not WriteOutcome.ACCEPTED:
             raise _outcome_error(result.outcome, "heartbeat")
@@ -214,18 +260,17 @@ class Release(_Base):
     released max_releases times), instead of waiting out the lease."""
 
     auth = True
+    urgent = True
 
-    def on_post(self, req, resp, submission_id: int):
-        body = read_json(req, self.settings.max_body_bytes)
+    async def on_post(self, req, resp, submission_id: int):
+        body = await self.read_json(req)
         token = _field(body, "lease_token", str)
         reason = _field(body, "reason", str, required=False, default="")
         if len(reason) > 500:
             raise falcon.HTTPBadRequest(title="malformed request", description="reason longer than 500 characters")
         worker = req.context.worker
-        with self.runtime.pool.connection() as conn:
-            result = leases.release(conn, worker_id=worker.worker_id, submission_id=submission_id,
-                                    lease_token=token, reason=reason,
-                                    max_releases=self.settings.max_releases)
+        result = await self.db(leases.release, worker_id=worker.worker_id, submission_id=submission_id,
+                               lease_token=token, reason=reason, max_releases=self.settings.max_releases)
         METRICS.inc("arbiter_releases_total", outcome=result.outcome.value)
         if result.outcome is not WriteOutcome.ACCEPTED:
             raise _outcome_error(result.outcome, "release")
@@ -236,9 +281,10 @@ class Release(_Base):
 
 class Result(_Base):
     auth = True
+    urgent = True
 
-    def on_post(self, req, resp, submission_id: int):
-        body = read_json(req, self.settings.max_body_bytes)
+    async def on_post(self, req, resp, submission_id: int):
+        body = await self.read_json(req)
         token = _field(body, "lease_token", str)
         verdict = _field(body, "verdict", str)
         if verdict not in leases.VERDICTS:
@@ -251,10 +297,9 @@ class Result(_Base):
             if value is not None and not 0 <= value < 2**31:
                 raise falcon.HTTPBadRequest(title="malformed request", description=f"{name} out of range")
         worker = req.context.worker
-        with self.runtime.pool.connection() as conn:
-            record = leases.record_result(conn, worker_id=worker.worker_id, submission_id=submission_id,
-                                          lease_token=token, verdict=verdict, time_ms=time_ms,
-                                          memory_kb=memory_kb, detail=detail)
+        record = await self.db(leases.record_result, worker_id=worker.worker_id, submission_id=submission_id,
+                               lease_token=token, verdict=verdict, time_ms=time_ms, memory_kb=memory_kb,
+                               detail=detail)
         METRICS.inc("arbiter_results_total", outcome=record.outcome.value)
         if record.outcome not in (WriteOutcome.ACCEPTED, WriteOutcome.DUPLICATE):
             log.info("result refused", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
@@ -268,12 +313,12 @@ class Result(_Base):
 
 # -- probes, metrics, status -------------------------------------------------------
 class Healthz(_Base):
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         _json(resp, falcon.HTTP_200, {"alive": True})
 
 
 class Readyz(_Base):
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         ready, body = probes.readiness(self.runtime)
         _json(resp, falcon.HTTP_200 if ready else falcon.HTTP_503, body)
 
@@ -281,38 +326,43 @@ class Readyz(_Base):
 class Metrics(_Base):
     operator = True
 
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         probes.readiness(self.runtime)  # refreshes the probe gauges
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
         resp.text = METRICS.render()
 
 
 def status_snapshot(runtime) -> dict:
+    """From a database thread."""
     with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         site = status.snapshot(cur)
     _, ready = probes.readiness(runtime)
     return {"arbiter": ready, **site}
 
 
+async def _status_snapshot(runtime) -> dict:
+    return await runtime.db(status_snapshot, runtime)
+
+
 class StatusJson(_Base):
     operator = True
 
-    def on_get(self, req, resp):
-        _json(resp, falcon.HTTP_200, json.loads(json.dumps(status_snapshot(self.runtime), default=str)))
+    async def on_get(self, req, resp):
+        _json(resp, falcon.HTTP_200, json.loads(json.dumps(await _status_snapshot(self.runtime), default=str)))
 
 
 class StatusPage(_Base):
     operator = True
 
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         from .status_page import render
 
         resp.content_type = falcon.MEDIA_HTML
-        resp.text = render(status_snapshot(self.runtime))
+        resp.text = render(await _status_snapshot(self.runtime))
 
 
 class OpenApi(_Base):
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         from .openapi import build_spec
 
         _json(resp, falcon.HTTP_200, build_spec(self.settings))
@@ -321,10 +371,10 @@ class OpenApi(_Base):
 class RequestLog:
     """Middleware: one JSON log line and a metric per request; never headers or bodies."""
 
-    def process_request(self, req, resp):
+    async def process_request(self, req, resp):
         req.context.started = time.monotonic()
 
-    def process_response(self, req, resp, resource, req_succeeded):
+    async def process_response(self, req, resp, resource, req_succeeded):
         route = req.uri_template or "unmatched"
         status = resp.status[:3] if isinstance(resp.status, str) else str(int(resp.status))
         METRICS.inc("arbiter_requests_total", route=route, status=status)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from . import db, sdnotify
 from .canary_probe import CanaryProbe
@@ -14,18 +17,31 @@ from .probes import StuckMonitor
 log = logging.getLogger("arbiter.runtime")
 
 
+URGENT_THREADS = 4
+
+
 class Runtime:
     def __init__(self, settings):
         self.settings = settings
         self.health = db.DbHealth()
         self.notifier = sdnotify.Notifier()
-        self.pool = db.make_pool(settings, self.health, max_size=min(settings.threads, 32))
+        # Requests' database calls run on threads (the state machine is one synchronous module, shared
+        # with the loops and judgectl). Two lanes: heartbeats, results and releases never queue
+        # behind a burst of acquires or status reads. The pool has a connection for every thread.
+        self.db_threads = ThreadPoolExecutor(settings.db_threads, thread_name_prefix="db")
+        self.db_threads_urgent = ThreadPoolExecutor(URGENT_THREADS, thread_name_prefix="db-urgent")
+        self.pool = db.make_pool(settings, self.health, max_size=settings.db_threads + URGENT_THREADS + 2)
         self.leader = LeaderLock(settings, self.health, on_gain=self._on_gain, on_lose=self._on_lose)
         self.dispatcher = Dispatcher(settings, self.health, is_leader=lambda: self.leader.is_leader,
                                      notifier=self.notifier)
         self.janitor = Janitor(settings, self.health, is_leader=lambda: self.leader.is_leader)
         self.monitor = StuckMonitor(settings, self)
         self.probe = CanaryProbe(settings, self.pool, is_leader=lambda: self.leader.is_leader)
+
+    async def db(self, fn, *args, urgent: bool = False):
+        """``fn(*args)`` on a database thread; the calling coroutine waits without holding one."""
+        executor = self.db_threads_urgent if urgent else self.db_threads
+        return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
 
     def _on_gain(self) -> None:
         self.janitor.owe_grace()
@@ -40,7 +56,8 @@ class Runtime:
         self.janitor.start()
         self.monitor.start()
         self.probe.start()
-        log.info("arbiter started", extra={"threads": self.settings.threads, "max_parked": self.settings.max_parked})
+        log.info("arbiter started", extra={"db_threads": self.settings.db_threads,
+                                                 "max_parked": self.settings.max_parked})
         return self
 
     def stop(self) -> None:
@@ -51,4 +68,6 @@ class Runtime:
         self.dispatcher.cancel_all()
         self.dispatcher.stop()
         self.leader.stop()
+        self.db_threads.shutdown(wait=False, cancel_futures=True)
+        self.db_threads_urgent.shutdown(wait=False, cancel_futures=True)
         self.pool.close()

@@ -11,7 +11,8 @@ ParkingLot below, under its lock:
                    MATCHING  -> PARKED      no work for it this round; it waits on
                    MATCHING  -> WITHDRAWN   no work, and its request left meanwhile
     withdraw       PARKED    -> WITHDRAWN   its request left, was superseded by a retry with the
-                                            same request_id, or leadership was lost
+                                            same request_id, leadership was lost, or the arbiter
+                                            is stopping (close: nothing parks after that)
 
 LEASED and WITHDRAWN are final. The lot holds only tickets whose request still waits: a ticket
 leaves the lot the moment its request leaves, whatever its state, so no place is ever held for a
@@ -23,6 +24,7 @@ same request_id gets it back through lease_grants).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import threading
@@ -43,6 +45,10 @@ class TooManyParked(Exception):
     """This worker already has its share of parking places; the caller should answer 429."""
 
 
+class Stopping(Exception):
+    """The arbiter is shutting down: nothing parks any more; the caller should answer 503."""
+
+
 @dataclass(frozen=True)
 class WorkerIdentity:
     worker_id: str
@@ -55,6 +61,46 @@ class TicketState(enum.Enum):
     MATCHING = "matching"
     LEASED = "leased"
     WITHDRAWN = "withdrawn"
+
+
+class TicketSignal:
+    """"Look again": set by whichever thread moves the ticket to LEASED or WITHDRAWN (the dispatch
+    thread, a request, a signal), awaited by the request's coroutine on the event loop, which holds
+    no thread while it waits. Also waitable from a plain thread (unit tests, tools)."""
+
+    def __init__(self):
+        self._flag = threading.Event()
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._event = asyncio.Event() if self._loop is not None else None
+
+    def set(self) -> None:
+        self._flag.set()
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._event.set)
+            except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
+                pass
+
+    def is_set(self) -> bool:
+        return self._flag.is_set()
+
+    def wait(self, timeout: float | None) -> bool:
+        """From a thread that is not the ticket's event loop."""
+        return self._flag.wait(timeout)
+
+    async def wait_async(self, timeout: float | None) -> bool:
+        """From the coroutine that created the ticket: costs no thread."""
+        if self._flag.is_set():
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+        except TimeoutError:
+            return self._flag.is_set()
+        return True
 
 
 @dataclass(eq=False)
@@ -70,7 +116,7 @@ class Ticket:
     # Its request stopped waiting for the match: a lease granted now reaches nobody.
     abandoned: bool = False
     # Set whenever the request should look again: LEASED, WITHDRAWN.
-    event: threading.Event = field(default_factory=threading.Event)
+    event: TicketSignal = field(default_factory=TicketSignal)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -86,11 +132,14 @@ class ParkingLot:
         self._lock = threading.Lock()
         self._tickets: dict[tuple[str, str], Ticket] = {}
         self._per_worker: dict[str, int] = {}
+        self._closed = False
 
     # -- the request's side ------------------------------------------------------
     def park(self, ticket: Ticket) -> None:
         """(new) -> PARKED. A retry of the same request_id takes the earlier ticket's place."""
         with self._lock:
+            if self._closed:
+                raise Stopping()
             previous = self._tickets.get(ticket.key)
             if previous is not None:
                 self._remove(previous)
@@ -107,15 +156,28 @@ class ParkingLot:
     def leave(self, ticket: Ticket, wait_if_matching: float) -> leases.Lease | None:
         """The request is leaving (answered or timed out): out of the lot now; its lease if it got one.
 
-        If a round is matching it, wait up to ``wait_if_matching`` for the transaction's outcome."""
+        If a round is matching it, wait up to ``wait_if_matching`` for the transaction's outcome.
+        From a plain thread; a coroutine uses ``begin_leave`` / ``end_leave`` around its own wait."""
+        done, lease = self.begin_leave(ticket)
+        if done:
+            return lease
+        ticket.event.wait(wait_if_matching)
+        return self.end_leave(ticket)
+
+    def begin_leave(self, ticket: Ticket) -> tuple[bool, leases.Lease | None]:
+        """Out of the lot now. (True, lease or None) when the outcome is known; (False, None) while a
+        round is matching it: wait on ``ticket.event``, then call ``end_leave``."""
         with self._lock:
             self._remove(ticket)
             if ticket.state is TicketState.PARKED:
                 self._withdraw(ticket)
             if ticket.state is not TicketState.MATCHING:
-                return ticket.lease if ticket.state is TicketState.LEASED else None
+                return True, (ticket.lease if ticket.state is TicketState.LEASED else None)
             ticket.leaving = True
-        ticket.event.wait(wait_if_matching)
+            return False, None
+
+    def end_leave(self, ticket: Ticket) -> leases.Lease | None:
+        """After waiting for the match: its lease, or None; a match still running is abandoned."""
         with self._lock:
             if ticket.state is TicketState.MATCHING:
                 ticket.abandoned = True
@@ -159,6 +221,12 @@ class ParkingLot:
                 self._remove(ticket)
                 self._withdraw(ticket)
             self._gauge()
+
+    def close(self) -> None:
+        """The arbiter is stopping: every waiting request is answered now, and nothing parks again."""
+        with self._lock:
+            self._closed = True
+        self.withdraw_all()
 
     # -- looking ---------------------------------------------------------------------
     def parked(self) -> list[Ticket]:

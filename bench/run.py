@@ -38,7 +38,7 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from arbiter import credentials, devcluster, migrations  # noqa: E402
+from arbiter import credentials, devcluster, migrations, serving  # noqa: E402
 from arbiter.sqlfiles import Statements  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.http_client import ArbiterClient, Unreachable  # noqa: E402
@@ -119,11 +119,10 @@ class Arbiter:
         self.port = devcluster.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         conf = workdir / "arbiter.toml"
-        conf.write_text(f'dsn = "{site.dsn}"\nbind = "127.0.0.1:{self.port}"\nmax_parked = 160\n'
-                        'reserved_threads = 24\n')
+        conf.write_text(f'dsn = "{site.dsn}"\nbind = "127.0.0.1:{self.port}"\nmax_parked = 160\n')
         self.log = open(workdir / "arbiter.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "gunicorn.conf.py"),
-                                      "arbiter.wsgi:app"], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
+                                      serving.APP], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         deadline = time.monotonic() + 30
         while not self._ready():

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from arbiter import credentials
+from arbiter import credentials, serving
 from arbiter.devcluster import free_port
 
 import arbiter as _arbiter_pkg
@@ -77,7 +77,7 @@ class ArbiterProcess:
         full_env.pop("JUDGE_DSN", None)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "arbiter.wsgi:app"],
+            [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), serving.APP],
             env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_for(lambda: self.get("/healthz")[0] == 200, 30, what=f"arbiter {self.name} to serve")

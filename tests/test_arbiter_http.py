@@ -327,7 +327,7 @@ def test_revoked_credential_is_refused(world):
 
 def test_parked_long_polls_never_starve_heartbeats(world):
     db, arbiters, creds = world
-    a = arbiters.start(db.dsn, max_parked=6, reserved_threads=4, long_poll_max_secs=8.0)
+    a = arbiters.start(db.dsn, max_parked=6, long_poll_max_secs=8.0)
     with db.connect() as conn:
         (sid,) = seed_submissions(conn, 1)
         many = {f"home-p{i}": add_worker(conn, f"home-p{i}") for i in range(6)}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import falcon
+import falcon.asgi
 import falcon.testing
 import pytest
 
@@ -24,17 +25,18 @@ REMOTE = "203.0.113.5"
 class _Operator:
     operator = True
 
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         resp.media = {"secret": "status"}
 
 
 class _Open:
-    def on_get(self, req, resp):
+    async def on_get(self, req, resp):
         resp.media = {"alive": True}
 
 
 def _app(token: str) -> falcon.testing.TestClient:
-    app = falcon.App(middleware=[OperatorAccess(token)])
+    # The arbiter's app is ASGI (arbiter/app.py), and so is the middleware.
+    app = falcon.asgi.App(middleware=[OperatorAccess(token)])
     app.add_route("/status", _Operator())
     app.add_route("/healthz", _Open())
     return falcon.testing.TestClient(app)

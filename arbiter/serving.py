@@ -1,0 +1,170 @@
+"""How gunicorn's worker process serves the arbiter: one asyncio event loop (uvicorn), no thread per
+connection.
+
+A parked long-poll is a coroutine awaiting its ticket's signal; an idle or slow client is a socket
+and a parser on the loop. Neither holds an OS thread, so capacity is set by ``max_parked`` and file
+descriptors, not threads, and a heartbeat is answered however many requests are parked or stalled.
+Database calls (short) run on a bounded thread pool (``db_threads``, arbiter/app.py).
+
+What uvicorn does not do, this module adds:
+- a deadline for a request's line and headers (``header_timeout_secs``, from the request's first
+  byte, or from the connection if nothing came): a client that sends half a request line and stops
+  is disconnected instead of holding a connection forever (the body has its own deadline in the
+  app, 408);
+- on SIGTERM/SIGINT, every parked request is answered at once and nothing parks again, so a stop
+  does not wait out the long-polls (workers go to the next arbiter URL);
+- the worker process may open as many descriptors as its hard limit allows (10,000 parked requests
+  need more than the usual soft limit of 1,024).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import sys
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import Server
+from uvicorn_worker import UvicornWorker
+
+from .metrics import METRICS
+
+log = logging.getLogger("arbiter.serving")
+
+# What gunicorn loads in its worker process (``judge-arbiter``, the tests, the lab, the benchmarks).
+APP = "arbiter.asgi:app"
+WORKER_CLASS = "arbiter.serving.ArbiterWorker"
+# A request line and headers larger than this are refused (ours are a few hundred bytes).
+MAX_HEADER_BYTES = 32 * 1024
+
+
+def _settings():
+    # The settings the app module loaded (same process, same file); imported late: gunicorn imports
+    # this module before the app.
+    from .asgi import runtime
+
+    return runtime.settings
+
+
+class ArbiterHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a deadline for the request line and headers."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._header_bytes = 0  # received since the current request began, until its headers end
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_deadline is None:
+            self._header_deadline = self.loop.call_later(_settings().header_timeout_secs, self._headers_too_slow)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if not self.transport.is_closing():
+            METRICS.inc("arbiter_slow_clients_closed_total", phase="headers")
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_deadline is not None:
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                METRICS.inc("arbiter_slow_clients_closed_total", phase="header_size")
+                self._disarm_header_deadline()
+                self.send_400_response("Request line and headers too large.")
+                return
+        super().data_received(data)
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_header_deadline()  # a later request on a kept-alive connection gets its own
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_deadline()
+        self._header_bytes = 0
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        # Between requests uvicorn's keep-alive timeout closes an idle connection.
+        self._disarm_header_deadline()
+        super().on_response_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+
+class ArbiterServer(Server):
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        # From a signal handler: take no lock here; the loop answers the parked requests next.
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(_close_parking)
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
+
+    async def _serve(self, sockets=None) -> None:
+        await super()._serve(sockets)
+        # Release the leader lock and close connections now, then exit normally (uvicorn would
+        # re-raise the signal, killing the process before anything is closed).
+        runtime = getattr(sys.modules.get("arbiter.asgi"), "runtime", None)
+        if runtime is not None:
+            await asyncio.get_running_loop().run_in_executor(None, runtime.stop)
+        self._captured_signals.clear()
+
+
+def _close_parking() -> None:
+    runtime = getattr(sys.modules.get("arbiter.asgi"), "runtime", None)
+    if runtime is not None:
+        runtime.dispatcher.close_parking()
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+
+
+class ArbiterWorker(UvicornWorker):
+    """gunicorn worker class: uvicorn on asyncio with the protocol and server above."""
+
+    CONFIG_KWARGS = {"loop": "asyncio", "http": ArbiterHttpProtocol, "lifespan": "off",
+                     "ws": "none", "server_header": False, "date_header": True}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A stop waits this long for requests in flight; parked ones are answered at once anyway.
+        self.config.timeout_graceful_shutdown = self.cfg.graceful_timeout
+        self.config.backlog = max(self.config.backlog, 4096)
+
+    def init_process(self) -> None:
+        _raise_fd_limit()
+        super().init_process()
+
+    async def _serve(self) -> None:
+        self.config.app = self.wsgi  # gunicorn's name for the loaded app; here the ASGI callable
+        server = ArbiterServer(config=self.config)
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            from gunicorn.arbiter import Arbiter
+
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)

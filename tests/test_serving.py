@@ -1,0 +1,219 @@
+"""The arbiter's serving (arbiter/serving.py) against a real gunicorn process and a real database:
+parked long-polls and stalled clients hold no thread, slow clients are cut off, a stop answers
+parked requests at once, removed config keys are refused with their replacement."""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from arbiter.runtime import URGENT_THREADS
+from fixtures_data import seed_problem, seed_submissions
+from procs import add_worker, wait_for
+from worker.http_client import ArbiterClient
+
+
+@pytest.fixture
+def site(db):
+    with db.connect() as conn:
+        seed_problem(conn)
+        holder = add_worker(conn, "home-1")
+    return db, holder
+
+
+@pytest.fixture(autouse=True)
+def enough_descriptors():
+    """The test process opens a thousand sockets and more."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def threads_of(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+# The database threads (db_threads, set below, and the urgent lane's) are started on demand: a
+# bounded number however many requests are parked or stalled.
+DB_THREADS = 8
+MAX_NEW_THREADS = DB_THREADS + URGENT_THREADS
+
+
+def connect(arbiter) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", arbiter.port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def request_bytes(path: str, body: dict, credential: str) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: arbiter\r\nAuthorization: Bearer {credential}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+def status_of(sock: socket.socket) -> int | None:
+    """The status of the response on ``sock``; None if the server closed it without one."""
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return None
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_stalled_clients_hold_no_thread_and_a_lease_stays_alive(site, arbiters):
+    """500 connections that send half a request line and stop, and 100 that send their headers and
+    half a body, while a worker keeps its lease alive: every heartbeat is answered, the lease is
+    never reclaimed, the result is accepted, and the arbiter's worker process gains no threads."""
+    db, holder = site
+    a = arbiters.start(db.dsn, lease_secs=3.0, unconfirmed_secs=3.0, grace_secs=3.0,
+                       header_timeout_secs=60.0, body_timeout_secs=60.0, db_threads=DB_THREADS)
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+    c = ArbiterClient([a.url], holder, timeout=5)
+    lease = c.acquire("mine", None, 5).body
+    (pid,) = a.worker_pids()
+    threads_before = threads_of(pid)
+    stalled = []
+    for _ in range(500):
+        s = connect(a)
+        s.sendall(b"POST /v1/acq")
+        stalled.append(s)
+    for _ in range(100):
+        s = connect(a)
+        whole = request_bytes(f"/v1/leases/{sid}/heartbeat", {"lease_token": lease["lease_token"]}, holder)
+        s.sendall(whole[:-10])
+        stalled.append(s)
+    # Two lease periods with everything stalled: the lease lives only if heartbeats get through.
+    deadline = time.monotonic() + 2 * 3.0
+    beats = 0
+    while time.monotonic() < deadline:
+        reply = c.heartbeat(sid, lease["lease_token"])
+        assert reply.status == 200, reply
+        beats += 1
+        time.sleep(0.5)
+    assert beats >= 8
+    with db.connect() as conn:
+        assert conn.execute("SELECT status, lease_token::text, lease_gen FROM submissions WHERE id = %s",
+                            (sid,)).fetchone() == ("judging", lease["lease_token"], lease["lease_gen"])
+    assert threads_of(pid) <= threads_before + MAX_NEW_THREADS, (threads_before, threads_of(pid))
+    assert c.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC"}).status == 200
+    for s in stalled:
+        s.close()
+
+
+def test_a_thousand_parked_acquires_hold_no_thread(site, arbiters):
+    """1,000 long-polls (250 workers, 4 each: the per-worker share) park with default capacity;
+    meanwhile heartbeats are answered and the worker process's thread count does not grow."""
+    db, holder = site
+    a = arbiters.start(db.dsn, long_poll_max_secs=60.0, db_threads=DB_THREADS)
+    with db.connect() as conn:
+        (sid,) = seed_submissions(conn, 1)
+        creds = [add_worker(conn, f"many-{i}") for i in range(250)]
+    c = ArbiterClient([a.url], holder, timeout=5)
+    lease = c.acquire("mine", None, 5).body
+    (pid,) = a.worker_pids()
+    threads_before = threads_of(pid)
+    parked = []
+    for cred in creds:
+        for _ in range(4):
+            s = connect(a)
+            s.sendall(request_bytes("/v1/acquire", {"request_id": str(uuid.uuid4()), "wait_secs": 60}, cred))
+            parked.append(s)
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1000, 60, what="1,000 parked requests")
+    for _ in range(20):
+        assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    assert threads_of(pid) <= threads_before + MAX_NEW_THREADS, (threads_before, threads_of(pid))
+    # A fifth request of a worker that has four parked: 429, its share is full.
+    extra = connect(a)
+    extra.sendall(request_bytes("/v1/acquire", {"request_id": "fifth", "wait_secs": 60}, creds[0]))
+    assert status_of(extra) == 429
+    # Work for one of them: exactly one parked request gets it.
+    with db.connect() as conn:
+        (second,) = seed_submissions(conn, 1)
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 999, 20, what="one parked request leased")
+    with db.connect() as conn:
+        assert conn.execute("SELECT status FROM submissions WHERE id = %s", (second,)).fetchone() == ("judging",)
+    for s in parked + [extra]:
+        s.close()
+    # Clients that went away free their places.
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 0, 20, what="the places of closed connections freed")
+
+
+def test_slow_headers_and_bodies_are_cut_off(site, arbiters):
+    db, holder = site
+    a = arbiters.start(db.dsn, header_timeout_secs=1.0, body_timeout_secs=1.0)
+    half_line = connect(a)
+    half_line.sendall(b"POST /v1/acq")
+    idle = connect(a)  # connects and sends nothing at all
+    half_body = connect(a)
+    half_body.sendall(request_bytes("/v1/acquire", {"request_id": "slow", "wait_secs": 0}, holder)[:-5])
+    # Each is answered or closed within a few header/body deadlines, not held.
+    for s in (half_line, idle):
+        s.settimeout(10)
+        assert status_of(s) is None  # closed by the server
+    half_body.settimeout(10)
+    assert status_of(half_body) == 408
+    assert a.metric("arbiter_slow_clients_closed_total") >= 3
+    # A request line and headers past the limit: 400, connection closed.
+    huge = connect(a)
+    huge.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\nX-Pad: " + b"a" * 40_000 + b"\r\n\r\n")
+    assert status_of(huge) == 400
+    # A client that keeps its connection alive gets a new header deadline for each request.
+    kept = connect(a)
+    kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert status_of(kept) == 200
+    time.sleep(0.5)
+    kept.sendall(b"GET /heal")
+    kept.settimeout(10)
+    rest = b""
+    while True:  # the first response's body, then the server's close
+        chunk = kept.recv(4096)
+        if not chunk:
+            break
+        rest += chunk
+    assert b"HTTP/1.1" not in rest.split(b"\r\n\r\n", 1)[-1]
+    for s in (half_line, idle, half_body, huge, kept):
+        s.close()
+
+
+def test_a_stop_answers_parked_requests_at_once(site, arbiters):
+    """SIGTERM: a request parked for 60 s is answered within seconds (204 or 503), not after its
+    long-poll; the arbiter exits cleanly and releases the leader lock."""
+    db, holder = site
+    a = arbiters.start(db.dsn, long_poll_max_secs=60.0)
+    s = connect(a)
+    s.sendall(request_bytes("/v1/acquire", {"request_id": "parked", "wait_secs": 60}, holder))
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1, what="parked")
+    t0 = time.monotonic()
+    a.signal_all(signal.SIGTERM)
+    s.settimeout(30)
+    assert status_of(s) in (204, 503)
+    answered = time.monotonic() - t0
+    assert answered < 10, f"answered after {answered:.1f} s"
+    assert a.proc.wait(20) == 0
+    assert "Traceback" not in a.log_text()
+    with db.connect() as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone() == (0,),
+                 10, what="the leader lock released")
+
+
+def test_a_removed_config_key_is_refused_with_its_replacement(tmp_path, db):
+    conf = tmp_path / "arbiter.toml"
+    conf.write_text(f'dsn = "{db.dsn}"\nreserved_threads = 16\n')
+    done = subprocess.run([sys.executable, "-m", "arbiter.cli", "--config", str(conf), "--check-config"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert "'reserved_threads' was removed" in line and "db_threads" in line and "\n" not in line
