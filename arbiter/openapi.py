@@ -20,6 +20,7 @@ _retry = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds
 _common_worker = {
     "400": _resp("malformed JSON or request", _error),
     "401": _resp("missing, unknown or revoked credential", _error),
+    "408": _resp("the body did not arrive within body_timeout_secs; the connection is closed", _error),
     "413": _resp("body larger than the configured limit", _error),
     # Beside each call's own 422s: a value PostgreSQL cannot store (NUL, a lone surrogate, 1e400).
     "422": _resp("a value that cannot be stored (the description names the field)", _error),
