@@ -77,6 +77,7 @@ class CanaryProbe:
     def _lose(self) -> None:
         """Leadership lost: forget what we tracked; the next leader adopts it."""
         self.state, self.open_id, self._seeded = ProbeState.IDLE, None, False
+        self.next_due = 0.0  # leading again: adopt or submit at the first tick
 
     def tick(self, conn, now: float) -> None:
         if not self._seeded:
@@ -92,11 +93,12 @@ class CanaryProbe:
             result = canary.outcome(conn, self.open_id)
             if result is None or result.decided:
                 self._decided(result)
-        if self.state is ProbeState.IDLE:
+        if self.state is ProbeState.IDLE and now >= self.next_due:
+            # Only when one is due (a new leader's first tick included): an idle probe costs nothing.
             adopted = canary.open_probes(conn)
             if adopted:
                 self.state, self.open_id = ProbeState.OPEN, adopted[0]
-            elif now >= self.next_due:
+            else:
                 self.open_id = canary.submit(conn, self.settings.canary_language)
                 self.state = ProbeState.OPEN
                 self.next_due = now + self.settings.canary_interval_secs

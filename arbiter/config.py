@@ -46,6 +46,16 @@ class ArbiterSettings:
     db_threads: int = 16
     # loops
     dispatch_tick_secs: float = 1.0
+    # A dispatch round leases up to this many submissions to parked requests in one statement.
+    dispatch_batch_size: int = 500
+    # Rounds look at the queue when told something changed (NOTIFY, a parked request, a new LISTEN
+    # session); at least this often anyway, so a NOTIFY lost in transit strands work this long at most.
+    dispatch_sweep_secs: float = 30.0
+    # The leader lock's session is checked (and the database's health with it) this often.
+    leader_check_secs: float = 3.0
+    # With no arbiter lease live the janitor has nothing to reclaim: it sweeps this often (and at
+    # once when a lease is granted) instead of every janitor_interval_secs.
+    janitor_idle_secs: float = 10.0
     janitor_interval_secs: float = 1.0
     # A janitor that has not swept for this long (DB time) was absent itself: paused, starved or
     # stopped. Its absence is not the workers' fault, so a grace period comes before any reclaim.
@@ -151,7 +161,8 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
                 "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs",
                 "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_releases", "max_parked", "max_parked_per_worker",
-                "max_body_bytes", "legacy_fresh_secs", "header_timeout_secs", "body_timeout_secs", "db_threads"]
+                "max_body_bytes", "legacy_fresh_secs", "header_timeout_secs", "body_timeout_secs", "db_threads",
+                "dispatch_batch_size", "dispatch_sweep_secs", "leader_check_secs", "janitor_idle_secs"]
     for key in positive:
         if getattr(settings, key) <= 0:
             raise ConfigError(f"config key {key!r} must be > 0")

@@ -29,8 +29,10 @@ LEAVE_WAIT_SECS = 5.0
 
 
 class Dispatcher:
-    def __init__(self, settings, health: db.DbHealth, is_leader, notifier: sdnotify.Notifier | None = None):
+    def __init__(self, settings, health: db.DbHealth, is_leader, notifier: sdnotify.Notifier | None = None,
+                 on_granted=None):
         self.settings = settings
+        self.on_granted = on_granted or (lambda: None)  # the janitor's wake: live leases to watch
         self.notifier = notifier or sdnotify.Notifier({})
         self.health = health
         self.is_leader = is_leader
@@ -45,10 +47,16 @@ class Dispatcher:
         self.last_round_completed: float | None = None
         self.rounds = 0
         self._legacy_checked_at: float | None = None  # monotonic; the schema is looked at again now and then
+        # Whether the queue may have changed since the last look (a NOTIFY, a newly parked request,
+        # a new LISTEN session, leadership, a lease just granted). An idle round with nothing new
+        # runs no statement; a look every dispatch_sweep_secs bounds what a lost NOTIFY could strand.
+        self._dirty = True
+        self._swept_at: float | None = None
 
     # -- called from request threads (the ticket transitions are in tickets.py) -----
     def park(self, ticket: Ticket) -> None:
         self.lot.park(ticket)
+        self._dirty = True  # (a plain assignment: safe from any thread)
         self.wake()
 
     def unpark(self, ticket: Ticket, wait_if_matching: float = LEAVE_WAIT_SECS) -> leases.Lease | None:
@@ -101,6 +109,7 @@ class Dispatcher:
 
     def on_leadership_gained(self) -> None:
         self._legacy_checked_at = None
+        self._dirty = True
         self.wake()
 
     # -- the loop ----------------------------------------------------------------
@@ -112,6 +121,7 @@ class Dispatcher:
             self._listen.execute("LISTEN submission_pending")
             # Anything that became pending while we were not listening is found by this round's look
             # at the queue, so a NOTIFY missed during a disconnect strands nothing.
+            self._dirty = True
             log.info("listening for submission_pending")
 
     def _wait_for_wake(self) -> None:
@@ -123,6 +133,7 @@ class Dispatcher:
         except (OSError, ValueError):
             readable = []
         if self._wake_r in readable:
+            self._dirty = True
             try:
                 while os.read(self._wake_r, 4096):
                     pass
@@ -131,6 +142,7 @@ class Dispatcher:
         if self._listen is not None and len(readable) > (1 if self._wake_r in readable else 0):
             # Drain notifications; their content does not matter, the round looks at the queue itself.
             for _ in self._listen.notifies(timeout=0):
+                self._dirty = True
                 METRICS.inc("arbiter_notifications_total")
 
     def _run(self) -> None:
@@ -194,32 +206,120 @@ class Dispatcher:
                 self.legacy_compat = present
                 self._legacy_checked_at = now
             tickets = self.parked_snapshot()
-            claimable = leases.claimable_work(conn) if tickets else leases.ClaimableWork([])
+            claimable = leases.ClaimableWork([])
+            if tickets and self._should_look(now):
+                # Cleared before the look: a NOTIFY during it makes the next round look again.
+                self._dirty, self._swept_at = False, now
+                claimable = leases.claimable_work(conn)
             if tickets and self.legacy_compat:
                 conn.execute(leases.Q.legacy_mark_idle, {
                     "worker_ids": [t.worker.worker_id for t in tickets],
                     "kinds": [t.worker.kind for t in tickets]})
             if tickets and claimable:
-                legacy = leases.LegacyRules(
-                    tuple(sorted({t.worker.worker_id for t in tickets})),
-                    self.settings.legacy_fresh_secs, self.settings.legacy_yield_secs) if self.legacy_compat else None
-                for ticket in self._fairness_order(tickets):
-                    if not claimable.languages_for(ticket.worker.worker_id, ticket.languages):
-                        continue
-                    try:
-                        lease = self._match(conn, ticket, legacy)
-                    except leases.LegacyTurn:
-                        # A legacy worker's turn: the work stays pending for it (for legacy.yield_secs at most).
-                        METRICS.inc("arbiter_legacy_turns_total", kind=ticket.worker.kind)
-                        continue
-                    if lease is None:
-                        claimable.exhausted(ticket.worker.worker_id, ticket.languages)
-                    if not claimable:
-                        break
+                if self.legacy_compat:
+                    granted = self._match_one_by_one(conn, tickets, claimable)
+                else:
+                    granted = self._match_in_batches(conn, tickets, claimable)
+                if granted:
+                    self._dirty = True  # more work and more requests may be left: look again at once
+                    self.on_granted()
         self.health.mark_up()
         self.last_round_completed = time.monotonic()
         self.rounds += 1
         METRICS.inc("arbiter_dispatch_rounds_total")
+
+    def _should_look(self, now: float) -> bool:
+        """Look at the queue this round? Always in stages 1-3 (the legacy turn rule is a matter of
+        time, and legacy workers change the queue without NOTIFY); otherwise when something may
+        have changed, or dispatch_sweep_secs after the last look."""
+        return (self.legacy_compat or self._dirty or self._swept_at is None
+                or now - self._swept_at >= self.settings.dispatch_sweep_secs)
+
+    def _match_one_by_one(self, conn: psycopg.Connection, tickets: list[Ticket], claimable) -> int:
+        """Stages 1-3: one acquire transaction per request, each under the legacy global lock and its
+        turn rule (a question about one worker at a time). Returns how many got a lease."""
+        granted = 0
+        legacy = leases.LegacyRules(tuple(sorted({t.worker.worker_id for t in tickets})),
+                                    self.settings.legacy_fresh_secs, self.settings.legacy_yield_secs)
+        for ticket in self._fairness_order(tickets):
+            if not claimable.languages_for(ticket.worker.worker_id, ticket.languages):
+                continue
+            try:
+                lease = self._match(conn, ticket, legacy)
+            except leases.LegacyTurn:
+                # A legacy worker's turn: the work stays pending for it (for legacy.yield_secs at most).
+                METRICS.inc("arbiter_legacy_turns_total", kind=ticket.worker.kind)
+                continue
+            if lease is None:
+                claimable.exhausted(ticket.worker.worker_id, ticket.languages)
+            else:
+                granted += 1
+            if not claimable:
+                break
+        return granted
+
+    def _match_in_batches(self, conn: psycopg.Connection, tickets: list[Ticket], claimable) -> int:
+        """Without the legacy scheme: consecutive requests (in fairness order) with the same
+        languages are matched by one statement, up to dispatch_batch_size at a time. A request with
+        a canary pinned to its worker is matched alone first (acquire_lease looks at pins)."""
+        runs: list[list[Ticket]] = []
+        granted = 0
+        for ticket in self._fairness_order(tickets):
+            worker_id = ticket.worker.worker_id
+            if not claimable.languages_for(worker_id, ticket.languages):
+                continue
+            if claimable.pinned_for(worker_id, ticket.languages):
+                if self._match(conn, ticket, None) is None:
+                    claimable.exhausted(worker_id, ticket.languages)
+                else:
+                    granted += 1
+                continue
+            if runs and runs[-1][0].languages == ticket.languages and len(runs[-1]) < self.settings.dispatch_batch_size:
+                runs[-1].append(ticket)
+            else:
+                runs.append([ticket])
+        for run in runs:
+            if not claimable.languages_for(run[0].worker.worker_id, run[0].languages):
+                continue  # an earlier run took all of this
+            matched = self._match_batch(conn, run)
+            granted += matched
+            if matched < len(run):
+                claimable.exhausted(run[0].worker.worker_id, run[0].languages)
+        return granted
+
+    def _match_batch(self, conn: psycopg.Connection, run: list[Ticket]) -> int:
+        """MATCHING for every request of the run, one acquire_leases statement, then each request's
+        outcome. Returns how many got a lease."""
+        matching = [t for t in run if self.lot.begin_match(t)]
+        if not matching:
+            return len(run)  # all left meanwhile: nothing is known about the work
+        granted: dict[tuple[str, str], leases.Lease] = {}
+        retry_alone = False
+        try:
+            granted = leases.acquire_many(conn, requests=[t.key for t in matching], languages=list(matching[0].languages),
+                                          unconfirmed_secs=self.settings.unconfirmed_secs,
+                                          before_commit=faults.before_commit_hook())
+            if granted:
+                faults.after_commit()
+        except psycopg.errors.UniqueViolation:
+            # A request_id was served already (by another arbiter, or a retry): nothing was written;
+            # match these one at a time, where each such request gets its earlier lease.
+            retry_alone = True
+        except psycopg.errors.LockNotAvailable:
+            log.warning("submission rows locked; will retry next round")
+        finally:
+            for ticket in matching:
+                self.lot.finish_match(ticket, granted.get(ticket.key))
+        METRICS.inc("arbiter_dispatch_batches_total")
+        for ticket in matching:
+            lease = granted.get(ticket.key)
+            if lease is not None:
+                METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
+                log.info("lease granted", extra={"submission_id": lease.submission_id,
+                                                 "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
+        if retry_alone:
+            return sum(self._match(conn, t, None) is not None for t in matching)
+        return len(granted) + (len(run) - len(matching))
 
     def _match(self, conn: psycopg.Connection, ticket: Ticket, legacy: leases.LegacyRules | None) -> leases.Lease | None:
         if not self.lot.begin_match(ticket):

@@ -5,6 +5,12 @@ database was unreachable and after the janitor itself was absent (the process
 paused or starved for longer than ``absence_grace_after_secs`` of DB time): the arbiter's absence is not the workers' fault,
 so no lease is reclaimed before every live lease has had a full period to
 report in again.
+
+A sweep is one statement (``lease_horizon``: DB time and the first expiry), plus the reclaim when
+something has expired. While arbiter leases are live it sweeps every ``janitor_interval_secs``;
+with none live it has nothing to reclaim and sweeps every ``janitor_idle_secs``, or at once when
+the dispatcher grants a lease (``wake``). A stretch with no live lease is not an absence: there was
+no lease its absence could have wronged.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class Janitor:
         self._health_generation = None
         self._last_sweep_db_time = None
         self._last_forget = None
+        self._wake = threading.Event()
+        self.leases_live = True  # until the first sweep says otherwise
         self.declare_metrics()
 
     @staticmethod
@@ -47,19 +55,31 @@ class Janitor:
 
     def owe_grace(self) -> None:
         self._grace_owed.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """A lease was granted: sweep on the short interval again."""
+        self._wake.set()
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
         if self._conn is not None:
             self._conn.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.janitor_interval_secs):
+        while not self._stop.is_set():
+            busy = self.leases_live or self._grace_owed.is_set()
+            self._wake.wait(self.settings.janitor_interval_secs if busy else self.settings.janitor_idle_secs)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             if not self.is_leader():
+                self.leases_live = True  # whoever leads next: nothing is known here
                 continue
             try:
                 self.sweep()
@@ -80,13 +100,14 @@ class Janitor:
             # The database came back (or we just started): a grace period before any reclaim.
             self._health_generation = self.health.generation
             self._grace_owed.set()
-        now = leases.database_now(self._conn)
-        if self._last_sweep_db_time is not None:
+        now, horizon = leases.lease_horizon(self._conn)
+        if self._last_sweep_db_time is not None and self.leases_live:
             absent_secs = (now - self._last_sweep_db_time).total_seconds()
             if absent_secs > self.settings.absence_grace_after_secs:
                 log.warning("janitor was absent; owing a grace period", extra={"absent_secs": round(absent_secs, 2)})
                 self._grace_owed.set()
         self._last_sweep_db_time = now
+        self.leases_live = horizon is not None
         if self._grace_owed.is_set():
             extended = leases.grant_grace_period(self._conn, grace_secs=self.settings.grace_secs)
             self._grace_owed.clear()
@@ -95,6 +116,8 @@ class Janitor:
                                                     "grace_secs": self.settings.grace_secs})
             return []
         self._forget_old_canaries()
+        if horizon is None or horizon > 0:
+            return []  # nothing has expired
         reclaimed = leases.reclaim_expired(self._conn, max_attempts=self.settings.max_attempts)
         for item in reclaimed:
             METRICS.inc("arbiter_leases_reclaimed_total", outcome=item.new_status)

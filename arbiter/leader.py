@@ -3,7 +3,8 @@
 Only the holder dispatches and reclaims. The lock is for efficiency only;
 correctness comes from the conditional writes, so two arbiters that both
 believe they lead can schedule worse but never corrupt data. The thread
-also serves as the database health probe: it touches the DB every second.
+also serves as the database health probe: it touches the DB every
+leader_check_secs (and a standby tries for the lock every leader_retry_secs).
 """
 
 from __future__ import annotations
@@ -66,7 +67,13 @@ class LeaderLock:
             except Exception:  # noqa: BLE001 - never let the probe thread die
                 log.exception("leader lock step failed")
                 self._drop("unexpected error")
-            self._stop.wait(1.0)
+            # A standby comes back in time for its next try; the leader checks its session.
+            wait = self.settings.leader_check_secs
+            if not self.health.up or self._conn is None:
+                wait = min(wait, 1.0)  # an outage's end is noticed within a second
+            elif not self.is_leader:
+                wait = min(wait, max(0.1, self._next_try - time.monotonic()))
+            self._stop.wait(wait)
 
     def _step(self) -> None:
         if self._conn is None:

@@ -199,6 +199,31 @@ def acquire(
     return _lease_from_row(row)
 
 
+def acquire_many(
+    conn: psycopg.Connection,
+    *,
+    requests: list[tuple[str, str]],
+    languages: list[str],
+    unconfirmed_secs: float,
+    before_commit=None,
+) -> dict[tuple[str, str], Lease]:
+    """pending -> judging for up to ``len(requests)`` submissions in one statement (batch dispatch).
+
+    ``requests`` are (worker_id, request_id) in fairness order, sharing ``languages``; the oldest
+    claimable unpinned work goes to the first of them. Returns the leases by request. Not for
+    stages 1-3 (the legacy turn rule is one worker's question; :func:`acquire` answers it).
+    A request_id served before raises UniqueViolation and nothing is written."""
+    with conn.transaction():
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(Q.acquire_leases, {
+                "worker_ids": [w for w, _ in requests], "request_ids": [r for _, r in requests],
+                "languages": list(languages), "k": len(requests), "unconfirmed_secs": unconfirmed_secs,
+            }).fetchall()
+        if rows and before_commit is not None:
+            before_commit()
+    return {(row["worker_id"], row["request_id"]): _lease_from_row(row) for row in rows}
+
+
 def _explain_miss(conn: psycopg.Connection, worker_id: str, submission_id: int, token: uuid.UUID | None) -> WriteOutcome:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(Q.describe_lease, {"submission_id": submission_id}).fetchone()
@@ -308,6 +333,12 @@ def grant_grace_period(conn: psycopg.Connection, *, grace_secs: float) -> int:
         return cur.rowcount
 
 
+def lease_horizon(conn: psycopg.Connection) -> tuple[datetime, float | None]:
+    """The database's now() and the seconds until the first arbiter lease expires (None: none live)."""
+    now, secs = conn.execute(Q.lease_horizon).fetchone()
+    return now, secs
+
+
 def database_now(conn: psycopg.Connection) -> datetime:
     return conn.execute(Q.database_now).fetchone()[0]
 
@@ -335,6 +366,10 @@ class ClaimableWork:
 
     def languages_for(self, worker_id: str, languages) -> set[str]:
         return {lang for lang, _ in self._reachable(worker_id, languages)}
+
+    def pinned_for(self, worker_id: str, languages) -> bool:
+        """Is a canary pinned to this worker waiting (in one of these languages)?"""
+        return any(pinned == worker_id for _, pinned in self._reachable(worker_id, languages))
 
     def exhausted(self, worker_id: str, languages) -> None:
         """An acquire for this worker found nothing: none of this is left for anyone it would have reached."""

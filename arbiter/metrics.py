@@ -7,6 +7,8 @@ import threading
 _HELP = {
     "arbiter_parked_requests": ("gauge", "Acquire requests parked right now"),
     "arbiter_dispatch_rounds_total": ("counter", "Dispatch rounds completed"),
+    "arbiter_dispatch_batches_total": ("counter", "acquire_leases statements run (batch dispatch, stage 4 and fresh sites)"),
+    "arbiter_slow_clients_closed_total": ("counter", "Connections closed for a slow or oversized request, by phase"),
     "arbiter_notifications_total": ("counter", "NOTIFY messages received"),
     "arbiter_leases_granted_total": ("counter", "Leases granted, by worker kind"),
     "arbiter_leases_reclaimed_total": ("counter", "Expired leases reclaimed, by outcome"),

@@ -39,7 +39,8 @@ class StuckMonitor:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        interval = min(1.0, self.settings.stuck_alert_secs / 4)
+        # A quarter of the alert's threshold (at most 7.5 s): the alert fires at most that late.
+        interval = min(7.5, self.settings.stuck_alert_secs / 4)
         while not self._stop.wait(interval):
             try:
                 self.check()

@@ -32,9 +32,9 @@ class Runtime:
         self.db_threads_urgent = ThreadPoolExecutor(URGENT_THREADS, thread_name_prefix="db-urgent")
         self.pool = db.make_pool(settings, self.health, max_size=settings.db_threads + URGENT_THREADS + 2)
         self.leader = LeaderLock(settings, self.health, on_gain=self._on_gain, on_lose=self._on_lose)
-        self.dispatcher = Dispatcher(settings, self.health, is_leader=lambda: self.leader.is_leader,
-                                     notifier=self.notifier)
         self.janitor = Janitor(settings, self.health, is_leader=lambda: self.leader.is_leader)
+        self.dispatcher = Dispatcher(settings, self.health, is_leader=lambda: self.leader.is_leader,
+                                     notifier=self.notifier, on_granted=self.janitor.wake)
         self.monitor = StuckMonitor(settings, self)
         self.probe = CanaryProbe(settings, self.pool, is_leader=lambda: self.leader.is_leader)
 

@@ -52,6 +52,59 @@ SELECT leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, le
        (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
 FROM leased JOIN problems p ON p.id = leased.problem_id;
 
+-- name: acquire_leases
+-- arrow: pending -> judging for up to K parked requests at once (batch dispatch), the same arrow as
+-- acquire_lease: new token, gen+1, attempts+1, short unconfirmed expiry, a grant row each.
+-- The requests (worker_ids[i], request_ids[i]) come in the dispatcher's fairness order and share
+-- one language set; the i-th oldest claimable unpinned submission (canaries first) goes to the
+-- i-th request. Pinned canaries are left to acquire_lease, which looks at one worker's pins.
+WITH wanted AS (
+    SELECT w AS worker_id, r AS request_id, ord
+    FROM unnest(%(worker_ids)s::text[], %(request_ids)s::text[]) WITH ORDINALITY AS t(w, r, ord)
+), canaries AS (
+    SELECT id FROM submissions
+    WHERE status = 'pending' AND canary_expect IS NOT NULL AND pinned_worker IS NULL
+      AND language = ANY(%(languages)s)
+    ORDER BY id LIMIT %(k)s FOR UPDATE SKIP LOCKED
+), reals AS (
+    SELECT id FROM submissions
+    WHERE status = 'pending' AND canary_expect IS NULL AND language = ANY(%(languages)s)
+    ORDER BY id LIMIT %(k)s FOR UPDATE SKIP LOCKED
+), candidates AS (
+    SELECT id, row_number() OVER (ORDER BY is_real, id) AS ord
+    FROM (SELECT id, false AS is_real FROM canaries UNION ALL SELECT id, true FROM reals) c
+), pairs AS (
+    SELECT c.id, w.worker_id, w.request_id FROM candidates c JOIN wanted w ON w.ord = c.ord
+), leased AS (
+    UPDATE submissions s
+    SET status = 'judging',
+        worker_id = pairs.worker_id,
+        lease_token = gen_random_uuid(),
+        lease_gen = s.lease_gen + 1,
+        judge_attempts = s.judge_attempts + 1,
+        lease_expires_at = now() + make_interval(secs => %(unconfirmed_secs)s),
+        lease_confirmed_at = NULL,
+        leased_at = now()
+    FROM pairs
+    WHERE s.id = pairs.id AND s.status = 'pending'
+    RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
+              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id
+), granted AS (
+    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
+    SELECT lease_token, id, lease_gen, worker_id, request_id FROM leased
+    RETURNING lease_token
+), noted AS (
+    UPDATE workers SET last_lease_at = now()
+    WHERE worker_id IN (SELECT worker_id FROM leased)
+    RETURNING worker_id
+)
+SELECT leased.worker_id, leased.request_id,
+       leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, leased.language,
+       leased.source, leased.lease_token, leased.lease_gen, leased.lease_expires_at,
+       leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb,
+       (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
+FROM leased JOIN problems p ON p.id = leased.problem_id;
+
 -- name: find_lease_grant
 -- read: the lease an earlier acquire with this request_id got, and whether it is still live.
 SELECT g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug, s.problem_id,
@@ -178,6 +231,12 @@ WITH released AS (
     RETURNING submission_id
 )
 SELECT id, status FROM released;
+
+-- name: lease_horizon
+-- read: the database's now() and how many seconds until the first arbiter lease expires (NULL when
+-- none is live): the janitor's one look per sweep; it reclaims only when this is <= 0.
+SELECT now(), extract(epoch FROM min(lease_expires_at) - now())::float8
+FROM submissions WHERE status = 'judging' AND lease_token IS NOT NULL;
 
 -- name: database_now
 -- The only clock lease decisions use; the janitor compares two of its readings to notice its own absence.

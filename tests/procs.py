@@ -31,6 +31,10 @@ FAST = {  # short lease times so fault tests run in seconds, not minutes
     "dispatch_tick_secs": 0.5,
     "ready_max_round_age_secs": 3.0,
     "stuck_alert_secs": 3.0,
+    # The idle cadence (tests/test_idle_cost.py tests the defaults): a lease written straight into
+    # the database by a test is reclaimed in a second, a lost leader session noticed in a second.
+    "janitor_idle_secs": 1.0,
+    "leader_check_secs": 1.0,
     # No standing probe canary unless a test asks for one: it would go to the front of the queue
     # and be the first lease of every test (tests/test_canaries.py turns it on).
     "canary_interval_secs": 0,

@@ -250,3 +250,96 @@ def test_leadership_lost_during_a_commit_answers_everyone_and_the_lease_is_not_l
     assert matched.state is TicketState.LEASED  # the lease it committed reaches its request
     assert d.unpark(matched) is matched.lease and d.unpark(waiting) is None
     assert len(d.lot) == 0
+
+
+# -- batch dispatch (acquire_leases): many parked requests, one statement -----------------------------
+@pytest.fixture
+def batch_dispatcher(db):
+    with db.connect() as conn:
+        seed_problem(conn)
+    d = Dispatcher(ArbiterSettings(dsn=db.dsn, dispatch_batch_size=500), DbHealth(), is_leader=lambda: True)
+    d._work = db.connect()
+    yield d, db
+    d._work.close()
+
+
+def _workers(conn, prefix: str, count: int, kind: str, languages=("python3",)) -> list[WorkerIdentity]:
+    for i in range(count):
+        add_worker(conn, f"{prefix}-{i:03d}", kind, languages)
+    return [WorkerIdentity(f"{prefix}-{i:03d}", kind, tuple(sorted(languages))) for i in range(count)]
+
+
+def test_one_round_leases_a_burst_in_one_statement_home_first_oldest_first(batch_dispatcher):
+    """300 parked requests (200 production parked first, then 100 home) and 150 pending: one round,
+    one acquire_leases statement; every home request is served, the production ones share the rest,
+    each submission leased exactly once, the oldest submissions to the home workers."""
+    d, db = batch_dispatcher
+    with db.connect() as conn:
+        prods = _workers(conn, "prod", 200, "production")
+        homes = _workers(conn, "home", 100, "home")
+        sids = seed_submissions(conn, 150)
+    tickets = [ticket(w, f"r-{w.worker_id}") for w in prods + homes]
+    for t in tickets:
+        d.park(t)
+    from arbiter.metrics import METRICS
+
+    batches_before = METRICS.get("arbiter_dispatch_batches_total")
+    d.round()
+    assert METRICS.get("arbiter_dispatch_batches_total") - batches_before == 1
+    leased = [t for t in tickets if t.state is TicketState.LEASED]
+    assert len(leased) == 150
+    assert all(t.state is TicketState.LEASED for t in tickets if t.worker.kind == "home")
+    assert sorted(t.lease.submission_id for t in leased) == sids
+    assert max(t.lease.submission_id for t in tickets if t.worker.kind == "home") < \
+        min(t.lease.submission_id for t in leased if t.worker.kind == "production")
+    with db.connect() as conn:
+        rows = conn.execute("SELECT s.worker_id, g.worker_id, g.request_id FROM submissions s "
+                            "JOIN lease_grants g ON g.lease_token = s.lease_token").fetchall()
+        assert len(rows) == 150 and all(w == gw and r == f"r-{w}" for w, gw, r in rows)
+        assert conn.execute("SELECT count(*) FROM workers WHERE last_lease_at IS NOT NULL").fetchone() == (150,)
+    assert len(d.parked_snapshot()) == 150  # the others wait on
+
+
+def test_batches_respect_languages_and_pins(batch_dispatcher):
+    """Requests of two language sets, and a canary pinned to one worker: each gets only work it can
+    judge, the pinned canary goes to its worker only."""
+    from arbiter import canary
+
+    d, db = batch_dispatcher
+    with db.connect() as conn:
+        py = _workers(conn, "py", 3, "home", ("python3",))
+        cc = _workers(conn, "cc", 3, "home", ("c",))
+        py_work = seed_submissions(conn, 2, language="python3")
+        c_work = seed_submissions(conn, 2, language="c", source="int main(){return 0;}")
+        pinned = canary.submit(conn, "python3", pinned_worker="py-002")
+    tickets = [ticket(w, "r") for w in py + cc]
+    for t in tickets:
+        d.park(t)
+    d.round()
+    got = {t.worker.worker_id: t.lease.submission_id for t in tickets if t.state is TicketState.LEASED}
+    assert got["py-002"] == pinned
+    assert sorted(got[w.worker_id] for w in py if w.worker_id != "py-002" and w.worker_id in got) == py_work
+    assert sorted(v for k, v in got.items() if k.startswith("cc-")) == c_work
+
+
+def test_a_request_id_served_before_makes_the_batch_match_one_by_one(batch_dispatcher):
+    """A retried request_id inside a batch (its lease was granted by another arbiter) gets that same
+    lease; the others are still matched, and no submission is leased twice."""
+    from arbiter import leases
+
+    d, db = batch_dispatcher
+    with db.connect() as conn:
+        workers = _workers(conn, "home", 5, "home")
+        seed_submissions(conn, 6)  # one for the earlier grant, five for the batch
+        earlier = leases.acquire(conn, worker_id="home-003", kind="home", request_id="r", languages=["python3"],
+                                 unconfirmed_secs=10, legacy=None)
+    tickets = [ticket(w, "r") for w in workers]
+    for t in tickets:
+        d.park(t)
+    d.round()
+    assert all(t.state is TicketState.LEASED for t in tickets)
+    assert tickets[3].lease.lease_token == earlier.lease_token
+    assert len({t.lease.submission_id for t in tickets}) == 5
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (5,)
+        assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging'").fetchone() == (5,)
