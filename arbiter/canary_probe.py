@@ -41,6 +41,7 @@ class CanaryProbe:
         self.open_id: int | None = None
         self.next_due = 0.0
         self._seeded = False
+        self._looks = 0  # looks at the open canary so far (they thin out as it ages)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="canary-probe", daemon=True)
         METRICS.set_gauge("arbiter_canary_interval_seconds", settings.canary_interval_secs)
@@ -60,9 +61,19 @@ class CanaryProbe:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
+    def _look_after(self) -> float:
+        """Seconds until the next look. An open canary: soon while it is young, then less and less
+        often up to a quarter interval (one nobody takes costs a statement per quarter interval,
+        not every 2 s). None open: when the next is due. Not leading: the base cadence (no DB)."""
+        base = min(MAX_LOOK_SECS, self.settings.canary_interval_secs / 4)
+        if not self.is_leader() or not self._seeded:
+            return base
+        if self.state is ProbeState.OPEN:
+            return min(base * 2 ** min(self._looks, 10), self.settings.canary_interval_secs / 4)
+        return max(base, self.next_due - time.monotonic())
+
     def _run(self) -> None:
-        look = min(MAX_LOOK_SECS, self.settings.canary_interval_secs / 4)
-        while not self._stop.wait(look):
+        while not self._stop.wait(self._look_after()):
             if not self.is_leader():
                 self._lose()
                 continue
@@ -91,6 +102,7 @@ class CanaryProbe:
             self._seeded = True
         if self.state is ProbeState.OPEN:
             result = canary.outcome(conn, self.open_id)
+            self._looks += 1
             if result is None or result.decided:
                 self._decided(result)
         if self.state is ProbeState.IDLE and now >= self.next_due:
@@ -102,6 +114,7 @@ class CanaryProbe:
                 self.open_id = canary.submit(conn, self.settings.canary_language)
                 self.state = ProbeState.OPEN
                 self.next_due = now + self.settings.canary_interval_secs
+            self._looks = 0
 
     def _decided(self, result: canary.Outcome | None) -> None:
         self.state, self.open_id = ProbeState.IDLE, None

@@ -52,7 +52,7 @@ class ArbiterSettings:
     # session); at least this often anyway, so a NOTIFY lost in transit strands work this long at most.
     dispatch_sweep_secs: float = 30.0
     # The leader lock's session is checked (and the database's health with it) this often.
-    leader_check_secs: float = 3.0
+    leader_check_secs: float = 5.0
     # With no arbiter lease live the janitor has nothing to reclaim: it sweeps this often (and at
     # once when a lease is granted) instead of every janitor_interval_secs.
     janitor_idle_secs: float = 10.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 import psycopg
 import psycopg_pool
@@ -62,14 +63,38 @@ class DbHealth:
         log.warning("database unreachable", extra={"error": type(error).__name__})
 
 
+# A connection back in the pool for less than this is not checked again when taken out: a busy
+# arbiter saves a round trip per request; one idle longer (a database restart may have broken it)
+# is checked first.
+CHECK_IF_IDLE_SECS = 1.0
+
+
+class _CheckIfIdle:
+    def __init__(self):
+        self._returned_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def returned(self, conn: psycopg.Connection) -> None:
+        with self._lock:
+            self._returned_at[conn] = time.monotonic()
+
+    def check(self, conn: psycopg.Connection) -> None:
+        with self._lock:
+            at = self._returned_at.get(conn)
+        if at is None or time.monotonic() - at > CHECK_IF_IDLE_SECS:
+            psycopg_pool.ConnectionPool.check_connection(conn)
+
+
 def make_pool(settings, health: DbHealth, max_size: int) -> psycopg_pool.ConnectionPool:
+    idle = _CheckIfIdle()
     pool = psycopg_pool.ConnectionPool(
         settings.dsn,
         min_size=1,
         max_size=max_size,
         kwargs=connect_kwargs(settings),
         timeout=settings.db_timeout_secs,
-        check=psycopg_pool.ConnectionPool.check_connection,
+        check=idle.check,
+        reset=idle.returned,
         reconnect_timeout=0,  # keep trying forever; requests meanwhile get 503
         name="arbiter",
         open=False,

@@ -52,6 +52,8 @@ class Dispatcher:
         # runs no statement; a look every dispatch_sweep_secs bounds what a lost NOTIFY could strand.
         self._dirty = True
         self._swept_at: float | None = None
+        # worker_id -> DB time (epoch seconds) of its last lease, as this leader knows it.
+        self._last_lease: dict[str, float] = {}
 
     # -- called from request threads (the ticket transitions are in tickets.py) -----
     def park(self, ticket: Ticket) -> None:
@@ -109,6 +111,7 @@ class Dispatcher:
 
     def on_leadership_gained(self) -> None:
         self._legacy_checked_at = None
+        self._last_lease = {}  # another leader may have granted meanwhile: read the table again
         self._dirty = True
         self.wake()
 
@@ -182,16 +185,24 @@ class Dispatcher:
             self.notifier.feed_watchdog(f"{role}, {db_state}, {len(self.parked_snapshot())} parked")
 
     def _fairness_order(self, tickets: list[Ticket]) -> list[Ticket]:
-        """Home first; within a kind, whoever got a lease longest ago (from the workers table) goes first."""
-        ids = sorted({t.worker.worker_id for t in tickets})
-        last = dict(self._work.execute(leases.Q.worker_fairness_order, {"worker_ids": ids}).fetchall())
-        epoch = 0.0
+        """Home first; within a kind, whoever got a lease longest ago goes first. When each worker
+        last got a lease comes from the workers table the first time this leader sees the worker
+        (so fairness survives a restart or a new leader), and from its own grants after that."""
+        unknown = sorted({t.worker.worker_id for t in tickets} - self._last_lease.keys())
+        if unknown:
+            rows = dict(self._work.execute(leases.Q.worker_fairness_order, {"worker_ids": unknown}).fetchall())
+            for worker_id in unknown:
+                at = rows.get(worker_id)
+                self._last_lease[worker_id] = at.timestamp() if at else 0.0
 
         def key(t: Ticket):
-            at = last.get(t.worker.worker_id)
-            return (0 if t.worker.kind == "home" else 1, at.timestamp() if at else epoch, t.parked_at)
+            return (0 if t.worker.kind == "home" else 1, self._last_lease[t.worker.worker_id], t.parked_at)
 
         return sorted(tickets, key=key)
+
+    def _granted(self, worker_id: str, lease: leases.Lease) -> None:
+        # The lease's DB time (its expiry less the unconfirmed period), as last_lease_at has it.
+        self._last_lease[worker_id] = lease.expires_at.timestamp() - self.settings.unconfirmed_secs
 
     def round(self) -> None:
         """One dispatch round. Marks the round complete only after the real path ran."""
@@ -264,17 +275,24 @@ class Dispatcher:
         a canary pinned to its worker is matched alone first (acquire_lease looks at pins)."""
         runs: list[list[Ticket]] = []
         granted = 0
+        has_pins = claimable.has_pins()
+        # How many more requests of each language set there is unpinned work for (as of the look):
+        # a thousand parked workers and one submission make a batch of one.
+        wanted: dict[tuple[str, ...], int] = {}
         for ticket in self._fairness_order(tickets):
-            worker_id = ticket.worker.worker_id
-            if not claimable.languages_for(worker_id, ticket.languages):
-                continue
-            if claimable.pinned_for(worker_id, ticket.languages):
+            worker_id, languages = ticket.worker.worker_id, ticket.languages
+            if has_pins and claimable.pinned_for(worker_id, languages):
                 if self._match(conn, ticket, None) is None:
-                    claimable.exhausted(worker_id, ticket.languages)
+                    claimable.exhausted(worker_id, languages)
                 else:
                     granted += 1
                 continue
-            if runs and runs[-1][0].languages == ticket.languages and len(runs[-1]) < self.settings.dispatch_batch_size:
+            if languages not in wanted:
+                wanted[languages] = claimable.unpinned_count(languages)
+            if wanted[languages] <= 0:
+                continue
+            wanted[languages] -= 1
+            if runs and runs[-1][0].languages == languages and len(runs[-1]) < self.settings.dispatch_batch_size:
                 runs[-1].append(ticket)
             else:
                 runs.append([ticket])
@@ -314,6 +332,7 @@ class Dispatcher:
         for ticket in matching:
             lease = granted.get(ticket.key)
             if lease is not None:
+                self._granted(ticket.worker.worker_id, lease)
                 METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
                 log.info("lease granted", extra={"submission_id": lease.submission_id,
                                                  "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
@@ -338,6 +357,7 @@ class Dispatcher:
             )
             if lease is not None:
                 faults.after_commit()
+                self._granted(ticket.worker.worker_id, lease)
                 METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
                 log.info("lease granted", extra={"submission_id": lease.submission_id,
                                                  "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})

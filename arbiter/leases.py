@@ -8,6 +8,7 @@ only turns row counts into outcomes.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import uuid
 from dataclasses import dataclass
@@ -57,6 +58,12 @@ class Lease:
             "source": self.source,
             "attempt": self.attempt,
         }
+
+
+def _atomic(conn: psycopg.Connection):
+    """Around one statement: on an autocommit connection the statement is its own transaction (no
+    BEGIN/COMMIT round trips); on any other, a transaction block of its own."""
+    return contextlib.nullcontext() if conn.autocommit else conn.transaction()
 
 
 def _lease_from_row(row: dict[str, Any]) -> Lease:
@@ -213,7 +220,8 @@ def acquire_many(
     claimable unpinned work goes to the first of them. Returns the leases by request. Not for
     stages 1-3 (the legacy turn rule is one worker's question; :func:`acquire` answers it).
     A request_id served before raises UniqueViolation and nothing is written."""
-    with conn.transaction():
+    # One statement: atomic by itself, unless a fault hook must run inside its transaction.
+    with (conn.transaction() if before_commit is not None else _atomic(conn)):
         with conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(Q.acquire_leases, {
                 "worker_ids": [w for w, _ in requests], "request_ids": [r for _, r in requests],
@@ -242,7 +250,7 @@ def heartbeat(
     token = _as_uuid(lease_token)
     if token is None:
         return HeartbeatResult(_explain_miss(conn, worker_id, submission_id, None))
-    with conn.transaction():
+    with _atomic(conn):
         row = conn.execute(
             Q.heartbeat_lease,
             {"submission_id": submission_id, "lease_token": token, "worker_id": worker_id, "lease_secs": lease_secs},
@@ -260,7 +268,7 @@ def release(
     token = _as_uuid(lease_token)
     if token is None:
         return ReleaseResult(_explain_miss(conn, worker_id, submission_id, None))
-    with conn.transaction():
+    with _atomic(conn):
         row = conn.execute(
             Q.release_lease,
             {"submission_id": submission_id, "lease_token": token, "worker_id": worker_id, "reason": reason,
@@ -288,7 +296,7 @@ def record_result(
     token = _as_uuid(lease_token)
     if token is None:
         return ResultRecord(_explain_miss(conn, worker_id, submission_id, None))
-    with conn.transaction():
+    with _atomic(conn):
         decided, seq, xp = conn.execute(
             Q.record_result,
             {
@@ -321,7 +329,7 @@ class Reclaimed:
 
 def reclaim_expired(conn: psycopg.Connection, *, max_attempts: int, batch: int = 500) -> list[Reclaimed]:
     """judging -> pending / system_error for leases whose expiry (DB time) has passed."""
-    with conn.transaction():
+    with _atomic(conn):
         rows = conn.execute(Q.reclaim_expired, {"max_attempts": max_attempts, "batch": batch}).fetchall()
     return [Reclaimed(r[0], r[1], r[2]) for r in rows]
 
@@ -356,7 +364,9 @@ class ClaimableWork:
     """
 
     def __init__(self, rows):
-        self._pairs = {(language, pinned) for language, pinned in rows}
+        # rows: (language, pinned_worker) or (language, pinned_worker, how many pending)
+        self._pairs = {(row[0], row[1]) for row in rows}
+        self._counts = {(row[0], row[1]): (row[2] if len(row) > 2 else 1) for row in rows}
 
     def __bool__(self) -> bool:
         return bool(self._pairs)
@@ -366,6 +376,15 @@ class ClaimableWork:
 
     def languages_for(self, worker_id: str, languages) -> set[str]:
         return {lang for lang, _ in self._reachable(worker_id, languages)}
+
+    def unpinned_count(self, languages) -> int:
+        """How much unpinned work (as of the look) is in these languages: a batch needs no more
+        requests than that."""
+        return sum(n for (lang, pinned), n in self._counts.items()
+                   if pinned is None and lang in languages and (lang, pinned) in self._pairs)
+
+    def has_pins(self) -> bool:
+        return any(pinned is not None for _, pinned in self._pairs)
 
     def pinned_for(self, worker_id: str, languages) -> bool:
         """Is a canary pinned to this worker waiting (in one of these languages)?"""

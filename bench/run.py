@@ -519,18 +519,23 @@ def main(argv: list[str] | None = None) -> int:
         "Reading the figures: the legacy latency is half a poll interval on average, whatever the number of",
         "workers, because the round-robin rule lets only the home worker whose turn it is claim; for the same",
         "reason its throughput is about two claims a second however deep the queue. Its idle load grows with",
-        "every polling worker, while parked long-polls cost the database nothing (the arbiter's 7 statements a",
-        "second are its own leader, janitor and dispatch ticks). The stall is the global lock held by a",
+        "every polling worker, while parked long-polls cost the database nothing (the arbiter's own few",
+        "statements a second are its leader, janitor and dispatch checks; bench/scale.py (l) lists them).",
+        "The stall is the global lock held by a",
         "vanished worker until the server's idle_in_transaction_session_timeout (10 s) ends its session.",
         "",
     ]
     print(f"done in {elapsed:.0f} s", flush=True)
     if args.write:
-        # bench/judge.py's section (between its markers) is its own: kept as that command wrote it.
+        # The sections of bench/judge.py and bench/scale.py (between their markers) are theirs: kept
+        # as those commands wrote them.
         old = Path(args.write).read_text() if Path(args.write).exists() else ""
-        begin, end = "<!-- bench/judge.py: begin -->", "<!-- bench/judge.py: end -->"
-        judge = old[old.index(begin):old.index(end) + len(end)] + "\n" if begin in old and end in old else ""
-        Path(args.write).write_text("\n".join(header + lines) + "\n" + ("\n" + judge if judge else ""))
+        kept = ""
+        for script in ("judge.py", "scale.py"):
+            begin, end = f"<!-- bench/{script}: begin -->", f"<!-- bench/{script}: end -->"
+            if begin in old and end in old:
+                kept += "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+        Path(args.write).write_text("\n".join(header + lines) + "\n" + kept)
         (Path(args.write).with_suffix(".json")).write_text(json.dumps(results, indent=2, default=str))
     return 0
 

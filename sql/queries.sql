@@ -258,9 +258,11 @@ WHERE id = ANY(%(submission_ids)s)
 RETURNING id, lease_gen;
 
 -- name: claimable_work
--- read: which languages have claimable work, and for whom (one cheap look before matching):
--- pinned_worker NULL is anyone's work; otherwise only that worker's (a gate's canary).
-SELECT DISTINCT language, pinned_worker FROM submissions WHERE status = 'pending';
+-- read: which languages have claimable work, for whom, and how much (one cheap look before
+-- matching): pinned_worker NULL is anyone's work; otherwise only that worker's (a gate's canary).
+-- Pending work is live work (a partial index), never the history.
+SELECT language, pinned_worker, count(*) FROM submissions WHERE status = 'pending'
+GROUP BY language, pinned_worker;
 
 -- name: claimable_real_languages
 -- read: languages with pending real work (canaries left out): what the stuck alert watches, since a
