@@ -21,6 +21,9 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class ArbiterSettings:
     dsn: str = ""
+    # Optional: where the arbiter's session-level needs go (LISTEN, the leader's advisory lock) when
+    # dsn is a transaction pooler such as PgBouncer; without it everything uses dsn.
+    session_dsn: str = ""
     bind: str = "127.0.0.1:8080"
     # lease protocol (DESIGN.md section 5)
     unconfirmed_secs: float = 10.0
@@ -138,6 +141,12 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
             raw["dsn"] = Path(dsn_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"dsn_file {dsn_file}: {exc.strerror}") from None
+    session_dsn_file = raw.pop("session_dsn_file", None)
+    if session_dsn_file:
+        try:
+            raw["session_dsn"] = Path(session_dsn_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"session_dsn_file {session_dsn_file}: {exc.strerror}") from None
     token_file = raw.pop("operator_token_file", None)
     if token_file:
         raw["operator_token"] = read_secret_file(token_file, "operator_token_file")

@@ -16,8 +16,13 @@ log = logging.getLogger("arbiter.db")
 UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.AdminShutdown)
 
 
-def connect_kwargs(settings) -> dict:
-    return {
+def connect_kwargs(settings, session: bool = False) -> dict:
+    """libpq settings of the arbiter's connections. ``session``: a connection whose session matters
+    (LISTEN, the leader's advisory lock): it goes to ``session_dsn`` when one is set. The others go
+    to ``dsn``, which may then be a transaction pooler (PgBouncer): no server-side prepared
+    statements (a pooler in transaction mode cannot keep them) and no ``options`` startup
+    parameter (it refuses it): the timeouts are then the role's settings (docs/runbook.md)."""
+    kwargs = {
         "autocommit": True,
         "connect_timeout": max(1, int(settings.db_timeout_secs)),
         "keepalives": 1,
@@ -28,10 +33,20 @@ def connect_kwargs(settings) -> dict:
         # A statement that hangs longer than this is a stuck database, not work.
         "options": f"-c statement_timeout={int(settings.db_timeout_secs * 1000) * 2} -c lock_timeout=2000",
     }
+    if settings.session_dsn and not session:
+        del kwargs["options"]
+        kwargs["prepare_threshold"] = None
+    return kwargs
 
 
 def connect(settings) -> psycopg.Connection:
+    """A connection for statements (``dsn``; possibly through a transaction pooler)."""
     return psycopg.connect(settings.dsn, **connect_kwargs(settings))
+
+
+def connect_session(settings) -> psycopg.Connection:
+    """A connection whose session must stay one server session: LISTEN, the leader lock."""
+    return psycopg.connect(settings.session_dsn or settings.dsn, **connect_kwargs(settings, session=True))
 
 
 class DbHealth:

@@ -120,7 +120,7 @@ class Dispatcher:
         if self._work is None:
             self._work = db.connect(self.settings)
         if self._listen is None:
-            self._listen = db.connect(self.settings)
+            self._listen = db.connect_session(self.settings)  # LISTEN lives in a session
             self._listen.execute("LISTEN submission_pending")
             # Anything that became pending while we were not listening is found by this round's look
             # at the queue, so a NOTIFY missed during a disconnect strands nothing.

@@ -77,7 +77,7 @@ class LeaderLock:
 
     def _step(self) -> None:
         if self._conn is None:
-            self._conn = db.connect(self.settings)
+            self._conn = db.connect_session(self.settings)  # a session-level lock
         self._conn.execute("SELECT 1")
         self.health.mark_up()
         now = time.monotonic()

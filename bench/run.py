@@ -80,7 +80,10 @@ class Site:
         return [r[0] for r in rows]
 
     def open_count(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM submissions WHERE status IN ('pending', 'judging')").fetchone()[0]
+        # Real work only: the standing probe's canary (in C, which these python3 workers do not
+        # judge) would otherwise count as a submission that never drains.
+        return self.conn.execute("SELECT count(*) FROM submissions WHERE status IN ('pending', 'judging') "
+                                 "AND canary_expect IS NULL").fetchone()[0]
 
     def statements(self) -> int:
         return int(self.conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = %s",

@@ -607,7 +607,7 @@ PROFILE = [
     "The arbiter's one worker process is the bottleneck: during (j) it runs at 85-95 % of one core",
     "(about 55 % user, 30 % system time, from /proc/PID/stat), while PostgreSQL's busiest backend",
     "uses about 15 % and the benchmark's own client 12 %. `py-spy record --gil` of that process",
-    "(`.venv/bin/py-spy record -p <gunicorn worker> -d 6 -r 250 --gil -f raw`) shares the",
+    "(`.venv/bin/py-spy record -p <gunicorn worker> -d 6 -r 250 --gil -f raw -o prof.txt`, py-spy from the `bench` extra) shares the",
     "GIL-holding samples out as: uvicorn/httptools/asyncio I/O 26 %, arbiter code (resources,",
     "dispatcher, tickets) 19 %, psycopg (queries, pool) 18 %, logging 7 % (one JSON line per request;",
     "without it (j) gains about 10 %), thread-pool hand-offs 6 %, Falcon 4 %, json 3 %. The system",
