@@ -6,7 +6,9 @@ The first part needs nothing but the lot; the last part runs the real dispatcher
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import pytest
 
@@ -154,6 +156,113 @@ def test_finish_match_without_begin_is_a_bug_not_a_silent_change():
     lot.park(t)
     with pytest.raises(RuntimeError):
         lot.finish_match(t, None)
+
+
+# -- the request's side as the server runs it: a coroutine on an event loop ---------------------------
+def _on_a_loop(coroutine_fn):
+    """Run ``coroutine_fn()`` on a fresh event loop, with a ticker that proves the loop never blocks."""
+    async def main():
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        tick_task = asyncio.create_task(ticker())
+        try:
+            result = await coroutine_fn()
+        finally:
+            stop.set()
+            await tick_task
+        return result, ticks
+
+    return asyncio.run(main())
+
+
+def test_a_parked_coroutine_is_woken_by_a_lease_set_from_another_thread():
+    lot = ParkingLot(10, 4)
+
+    async def request():
+        t = ticket()  # made on the loop: its signal wakes this loop
+        lot.park(t)
+
+        def dispatch_thread():
+            assert lot.begin_match(t)
+            lot.finish_match(t, LEASE)
+
+        threading.Timer(0.2, dispatch_thread).start()
+        t0 = time.monotonic()
+        woke = await t.event.wait_async(5.0)
+        waited = time.monotonic() - t0
+        done, lease = lot.begin_leave(t)
+        return woke, waited, done, lease
+
+    (woke, waited, done, lease), ticks = _on_a_loop(request)
+    assert woke and done and lease is LEASE and len(lot) == 0
+    assert waited < 2.5, "woken by the wait's timeout (5 s), not by the signal"
+    assert ticks >= 10, "the loop was blocked while the request waited"
+
+
+def test_a_coroutine_leaving_during_its_match_waits_without_blocking_the_loop_then_takes_the_lease():
+    lot = ParkingLot(10, 4)
+
+    async def request():
+        t = ticket()
+        lot.park(t)
+        assert lot.begin_match(t)  # a round is running its acquire transaction
+        threading.Timer(0.3, lot.finish_match, (t, LEASE)).start()
+        done, lease = lot.begin_leave(t)  # its long-poll ran out meanwhile
+        assert not done and lease is None and len(lot) == 0, "out of the lot at once, outcome pending"
+        t0 = time.monotonic()
+        await t.event.wait_async(5.0)
+        return lot.end_leave(t), t, time.monotonic() - t0
+
+    (lease, t, waited), ticks = _on_a_loop(request)
+    assert lease is LEASE and t.state is TicketState.LEASED and not t.abandoned
+    assert waited < 2.5, "woken by the wait's timeout (5 s), not by the signal"
+    assert ticks >= 15, "the loop was blocked while the request waited for the match"
+
+
+def test_a_coroutine_that_cannot_wait_abandons_the_match_and_a_late_lease_is_counted():
+    lot = ParkingLot(10, 4)
+
+    async def request():
+        t = ticket()
+        lot.park(t)
+        assert lot.begin_match(t)
+        lot.begin_leave(t)
+        await t.event.wait_async(0.05)
+        return lot.end_leave(t), t
+
+    (lease, t), _ = _on_a_loop(request)
+    assert lease is None and t.abandoned
+    lot.finish_match(t, LEASE)  # the transaction commits after the request gave up
+    assert t.state is TicketState.LEASED and len(lot) == 0
+
+
+def test_a_signal_set_after_its_loop_closed_is_harmless():
+    async def make():
+        return ticket()
+
+    t, _ = _on_a_loop(make)
+    t.event.set()  # e.g. leadership lost after the request's loop went away
+    assert t.event.is_set()
+
+
+def test_close_answers_every_parked_request_and_nothing_parks_again():
+    from arbiter.tickets import Stopping
+
+    lot = ParkingLot(10, 4)
+    waiting = [ticket(HOME1, "a"), ticket(HOME2, "b")]
+    for t in waiting:
+        lot.park(t)
+    lot.close()
+    assert all(t.state is TicketState.WITHDRAWN and t.event.is_set() for t in waiting) and len(lot) == 0
+    with pytest.raises(Stopping):
+        lot.park(ticket(HOME1, "c"))
 
 
 # -- the real dispatcher in this process, against a real database ---------------------------------
