@@ -339,7 +339,7 @@ def test_parked_long_polls_never_starve_heartbeats(world):
         t0 = time.monotonic()
         assert hb.heartbeat(sid, lease["lease_token"]).status == 200
         assert time.monotonic() - t0 < 1.0
-    # One more long-poll is refused at once instead of taking a reserved thread.
+    # One more long-poll is refused at once (503), however many threads or sockets are free.
     t0 = time.monotonic()
     with pytest.raises(Exception) as refused:
         client(a, creds["home-2"]).acquire("extra", None, 8)
