@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
 from worker.sandbox import Limits, Sandbox  # noqa: E402
 
-BEGIN, END = "<!-- bench/judge.py: begin -->", "<!-- bench/judge.py: end -->"
+BEGIN, END = markers("judge.py")
 COMMAND = ".venv/bin/python bench/judge.py --write docs/benchmarks.md"
 
 PROGRAMS = {
@@ -180,13 +181,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.write:
-        path = Path(args.write)
-        old = path.read_text() if path.exists() else ""
-        if BEGIN in old and END in old:
-            new = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END) + 1:]
-        else:
-            new = old.rstrip("\n") + "\n\n" + text
-        path.write_text(new)
+        write_section(args.write, "judge.py", text)
     return 0
 
 

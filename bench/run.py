@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from arbiter import credentials, devcluster, migrations, serving  # noqa: E402
 from arbiter.sqlfiles import Statements  # noqa: E402
+from sections import SECTION_SCRIPTS, section  # noqa: E402  (bench/ is the script's directory)
 from worker.config import WorkerConfig  # noqa: E402
 from worker.http_client import ArbiterClient, Unreachable  # noqa: E402
 from worker.outbox import Entry  # noqa: E402
@@ -533,11 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         # The sections of bench/judge.py and bench/scale.py (between their markers) are theirs: kept
         # as those commands wrote them.
         old = Path(args.write).read_text() if Path(args.write).exists() else ""
-        kept = ""
-        for script in ("judge.py", "scale.py"):
-            begin, end = f"<!-- bench/{script}: begin -->", f"<!-- bench/{script}: end -->"
-            if begin in old and end in old:
-                kept += "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+        kept = "".join(f"\n{part}\n" for part in (section(old, script) for script in SECTION_SCRIPTS) if part)
         Path(args.write).write_text("\n".join(header + lines) + "\n" + kept)
         (Path(args.write).with_suffix(".json")).write_text(json.dumps(results, indent=2, default=str))
     return 0

@@ -40,9 +40,10 @@ sys.path.insert(0, str(REPO))
 
 from arbiter import credentials, devcluster, migrations, serving  # noqa: E402
 from arbiter.sqlfiles import Statements  # noqa: E402
+from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
 
 OPS = Statements("operator.sql")
-BEGIN, END = "<!-- bench/scale.py: begin -->", "<!-- bench/scale.py: end -->"
+BEGIN, END = markers("scale.py")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -223,6 +224,57 @@ async def holder(site: Site, arbiter: Arbiter) -> tuple[str, int, str, int]:
     return cred, sid, lease["lease_token"], lease["lease_gen"]
 
 
+async def judging_worker(port: int, credential: str, wait_secs: float, judge_secs: float = 0.0,
+                         on_lease=None, on_result=None) -> None:
+    """A worker as real ones behave, with a no-op judge: acquire (long-poll), heartbeat (confirm),
+    ``judge_secs`` of judging, result AC; again until cancelled. ``on_lease(lease)`` is called as a
+    lease arrives, ``on_result(status)`` as its result is answered."""
+    c = await Conn.open(port, credential)
+    try:
+        while True:
+            status, lease = await c.call("POST", "/v1/acquire", {"request_id": uuid.uuid4().hex, "wait_secs": wait_secs})
+            if status != 200:
+                if status != 204:
+                    await asyncio.sleep(0.5)
+                continue
+            if on_lease is not None:
+                on_lease(lease)
+            sid, token = lease["submission_id"], lease["lease_token"]
+            await c.call("POST", f"/v1/leases/{sid}/heartbeat", {"lease_token": token})
+            if judge_secs:
+                await asyncio.sleep(judge_secs)
+            status, _ = await c.call("POST", f"/v1/leases/{sid}/result",
+                                     {"lease_token": token, "verdict": "AC", "time_ms": 1})
+            if on_result is not None:
+                on_result(status)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        c.close()
+
+
+async def start_workers(site: Site, arbiter: "Arbiter", parked: int, per_credential: int, wait_secs: float,
+                        **kwargs) -> list[asyncio.Task]:
+    """``parked`` judging workers' requests, ``per_credential`` of them per registered worker (at most
+    max_parked_per_worker), started 500 at a time; returns once all are parked (60 s at most)."""
+    creds = site.workers((parked + per_credential - 1) // per_credential)
+    tasks = []
+    for i in range(parked):
+        tasks.append(asyncio.create_task(judging_worker(arbiter.port, creds[i // per_credential], wait_secs, **kwargs)))
+        if i % 500 == 499:
+            await asyncio.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while await arbiter.parked() < parked and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return tasks
+
+
+async def stop_workers(tasks: list[asyncio.Task]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 # -- (h) parked capacity ----------------------------------------------------------------------------
 async def parked_capacity(site: Site, work: Path, parked: int, beats: int) -> dict:
     arbiter = Arbiter(site, work)
@@ -287,47 +339,21 @@ async def slow_clients(site: Site, work: Path, stalled: int, beats: int) -> dict
 async def run_workers(site: Site, work: Path, workers: int, submissions: int, judge_secs: float,
                       limit_secs: float) -> dict:
     arbiter = Arbiter(site, work)
-    stop = asyncio.Event()
     done = 0
+
+    def answered(status: int) -> None:
+        nonlocal done
+        done += status == 200
+
     try:
         await arbiter.ready()
-        creds = site.workers(workers)
-
-        async def worker(credential: str) -> None:
-            nonlocal done
-            c = await Conn.open(arbiter.port, credential)
-            try:
-                while not stop.is_set():
-                    status, lease = await c.call("POST", "/v1/acquire", {"request_id": uuid.uuid4().hex, "wait_secs": 5})
-                    if status != 200:
-                        if status != 204:
-                            await asyncio.sleep(0.5)
-                        continue
-                    sid, token = lease["submission_id"], lease["lease_token"]
-                    await c.call("POST", f"/v1/leases/{sid}/heartbeat", {"lease_token": token})
-                    if judge_secs:
-                        await asyncio.sleep(judge_secs)
-                    status, _ = await c.call("POST", f"/v1/leases/{sid}/result",
-                                             {"lease_token": token, "verdict": "AC", "time_ms": 1})
-                    done += status == 200
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                c.close()
-
-        tasks = [asyncio.create_task(worker(cred)) for cred in creds]
-        deadline = time.monotonic() + 60
-        while await arbiter.parked() < workers and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        tasks = await start_workers(site, arbiter, workers, 1, 5, judge_secs=judge_secs, on_result=answered)
         t0 = time.monotonic()
         site.submit(submissions)
         while done < submissions and time.monotonic() - t0 < limit_secs:
             await asyncio.sleep(0.02)
         elapsed = time.monotonic() - t0
-        stop.set()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_workers(tasks)
         return {"done": done, "secs": elapsed, "per_sec": done / elapsed}
     finally:
         arbiter.stop()
@@ -337,31 +363,12 @@ async def run_workers(site: Site, work: Path, workers: int, submissions: int, ju
 # -- (l) idle statements ---------------------------------------------------------------------------------
 async def idle_statements(site: Site, work: Path, parked: int, secs: float) -> tuple[float, list]:
     """Idle workers as real ones behave: parked; one that gets a lease (the standing canary probe's)
-    judges it at once (heartbeat, result AC) and parks again."""
+    judges it at once and parks again."""
     arbiter = Arbiter(site, work)
     tasks = []
     try:
         await arbiter.ready()
-        creds = site.workers((parked + 3) // 4)
-
-        async def idle_worker(credential: str) -> None:
-            c = await Conn.open(arbiter.port, credential)
-            try:
-                while True:
-                    status, lease = await c.call("POST", "/v1/acquire", {"request_id": uuid.uuid4().hex, "wait_secs": 30})
-                    if status == 200:
-                        sid, token = lease["submission_id"], lease["lease_token"]
-                        await c.call("POST", f"/v1/leases/{sid}/heartbeat", {"lease_token": token})
-                        await c.call("POST", f"/v1/leases/{sid}/result", {"lease_token": token, "verdict": "AC"})
-            finally:
-                c.close()
-
-        for i in range(parked):
-            tasks.append(asyncio.create_task(idle_worker(creds[i // 4])))
-            if i % 500 == 499:
-                await asyncio.sleep(0.5)
-        while await arbiter.parked() < parked:
-            await asyncio.sleep(0.2)
+        tasks = await start_workers(site, arbiter, parked, 4, 30)
         await asyncio.sleep(2.0)  # the parking's own statements are done
         before = site.statements()
         await asyncio.sleep(secs)  # less than the long-polls' 30 s: none of them ends meanwhile
@@ -369,9 +376,7 @@ async def idle_statements(site: Site, work: Path, parked: int, secs: float) -> t
         deltas = sorted(((after[q] - before.get(q, 0), q) for q in after if after[q] - before.get(q, 0) > 0), reverse=True)
         return sum(d for d, _ in deltas) / secs, deltas
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_workers(tasks)
         arbiter.stop()
 
 
@@ -417,37 +422,20 @@ async def latency(site: Site, work: Path, parked: int, samples: int) -> list[flo
     got: dict[int, float] = {}
     arrived = asyncio.Event()
     tasks = []
+
+    def leased(lease: dict) -> None:
+        got[lease["submission_id"]] = time.perf_counter()
+        arrived.set()
+
     try:
         await arbiter.ready()
-        creds = site.workers((parked + 3) // 4)
-
-        async def idle_worker(credential: str) -> None:
-            c = await Conn.open(arbiter.port, credential)
-            try:
-                while True:
-                    status, lease = await c.call("POST", "/v1/acquire", {"request_id": uuid.uuid4().hex, "wait_secs": 30})
-                    if status == 200:
-                        got[lease["submission_id"]] = time.perf_counter()
-                        arrived.set()
-                        sid, token = lease["submission_id"], lease["lease_token"]
-                        await c.call("POST", f"/v1/leases/{sid}/heartbeat", {"lease_token": token})
-                        await c.call("POST", f"/v1/leases/{sid}/result", {"lease_token": token, "verdict": "AC"})
-            finally:
-                c.close()
-
-        for i in range(parked):
-            tasks.append(asyncio.create_task(idle_worker(creds[i // 4])))
-            if i % 500 == 499:
-                await asyncio.sleep(0.5)
-        while await arbiter.parked() < parked:
-            await asyncio.sleep(0.2)
+        tasks = await start_workers(site, arbiter, parked, 4, 30, on_lease=leased)
         await asyncio.sleep(1.0)
         rng = random.Random(parked)
         out = []
         for _ in range(samples):
             await asyncio.sleep(rng.uniform(0.0, 0.2))
             arrived.clear()
-            t0 = time.perf_counter()
             (sid,) = site.submit(1)  # returns after COMMIT
             committed = time.perf_counter()
             deadline = committed + 15
@@ -462,9 +450,7 @@ async def latency(site: Site, work: Path, parked: int, samples: int) -> list[flo
             out.append(got[sid] - committed)
         return out
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_workers(tasks)
         arbiter.stop()
         site.drain()
 
@@ -662,15 +648,8 @@ def main(argv: list[str] | None = None) -> int:
                 "with its default settings, asyncio HTTP/1.1 clients (keep-alive) in one process on the same machine.",
                 f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
                 f"PostgreSQL {cluster.bindir.parent.name}; run took {elapsed:.0f} s.", ""]
-        section = "\n".join(head + lines) + "\n" + END + "\n"
-        path = Path(args.write)
-        old = path.read_text() if path.exists() else ""
-        if BEGIN in old and END in old:
-            new = old[:old.index(BEGIN)] + section + old[old.index(END) + len(END) + 1:]
-        else:
-            new = old.rstrip("\n") + "\n\n" + section
-        path.write_text(new)
-        path.with_name("benchmarks-scale.json").write_text(json.dumps(results, indent=2, default=str))
+        write_section(args.write, "scale.py", "\n".join(head + lines) + "\n" + END + "\n")
+        Path(args.write).with_name("benchmarks-scale.json").write_text(json.dumps(results, indent=2, default=str))
     return 0
 
 
