@@ -135,18 +135,13 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    dsn_file = raw.pop("dsn_file", None)
-    if dsn_file:
-        try:
-            raw["dsn"] = Path(dsn_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"dsn_file {dsn_file}: {exc.strerror}") from None
-    session_dsn_file = raw.pop("session_dsn_file", None)
-    if session_dsn_file:
-        try:
-            raw["session_dsn"] = Path(session_dsn_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"session_dsn_file {session_dsn_file}: {exc.strerror}") from None
+    for file_key, key in (("dsn_file", "dsn"), ("session_dsn_file", "session_dsn")):
+        dsn_file = raw.pop(file_key, None)
+        if dsn_file:
+            try:
+                raw[key] = Path(dsn_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"{file_key} {dsn_file}: {exc.strerror}") from None
     token_file = raw.pop("operator_token_file", None)
     if token_file:
         raw["operator_token"] = read_secret_file(token_file, "operator_token_file")

@@ -243,21 +243,28 @@ def _explain_miss(conn: psycopg.Connection, worker_id: str, submission_id: int, 
     return WriteOutcome.GONE
 
 
+def _fenced_write(conn: psycopg.Connection, statement: str, params: dict[str, Any], *, worker_id: str,
+                  submission_id: int, lease_token: str | uuid.UUID) -> tuple[WriteOutcome, tuple | None]:
+    """One statement conditional on (submission, token, worker): (ACCEPTED, its row), or the miss
+    explained (GONE, NOT_YOURS, NOT_FOUND) with nothing written."""
+    token = _as_uuid(lease_token)
+    if token is None:
+        return _explain_miss(conn, worker_id, submission_id, None), None
+    with _atomic(conn):
+        row = conn.execute(statement, {**params, "submission_id": submission_id, "lease_token": token,
+                                       "worker_id": worker_id}).fetchone()
+    if row is not None:
+        return WriteOutcome.ACCEPTED, row
+    return _explain_miss(conn, worker_id, submission_id, token), None
+
+
 def heartbeat(
     conn: psycopg.Connection, *, worker_id: str, submission_id: int, lease_token: str | uuid.UUID, lease_secs: float
 ) -> HeartbeatResult:
     """judging -> judging: confirm (first call) or extend the lease."""
-    token = _as_uuid(lease_token)
-    if token is None:
-        return HeartbeatResult(_explain_miss(conn, worker_id, submission_id, None))
-    with _atomic(conn):
-        row = conn.execute(
-            Q.heartbeat_lease,
-            {"submission_id": submission_id, "lease_token": token, "worker_id": worker_id, "lease_secs": lease_secs},
-        ).fetchone()
-    if row is not None:
-        return HeartbeatResult(WriteOutcome.ACCEPTED, row[0])
-    return HeartbeatResult(_explain_miss(conn, worker_id, submission_id, token))
+    outcome, row = _fenced_write(conn, Q.heartbeat_lease, {"lease_secs": lease_secs}, worker_id=worker_id,
+                                 submission_id=submission_id, lease_token=lease_token)
+    return HeartbeatResult(outcome, row[0] if row else None)
 
 
 def release(
@@ -265,18 +272,9 @@ def release(
     max_releases: int,
 ) -> ReleaseResult:
     """judging -> pending (or system_error at the max_releases-th time): the holder hands its lease back."""
-    token = _as_uuid(lease_token)
-    if token is None:
-        return ReleaseResult(_explain_miss(conn, worker_id, submission_id, None))
-    with _atomic(conn):
-        row = conn.execute(
-            Q.release_lease,
-            {"submission_id": submission_id, "lease_token": token, "worker_id": worker_id, "reason": reason,
-             "max_releases": max_releases},
-        ).fetchone()
-    if row is not None:
-        return ReleaseResult(WriteOutcome.ACCEPTED, row[1])
-    return ReleaseResult(_explain_miss(conn, worker_id, submission_id, token))
+    outcome, row = _fenced_write(conn, Q.release_lease, {"reason": reason, "max_releases": max_releases},
+                                 worker_id=worker_id, submission_id=submission_id, lease_token=lease_token)
+    return ReleaseResult(outcome, row[1] if row else None)
 
 
 def record_result(

@@ -60,6 +60,14 @@ def add_worker(conn, worker_id: str, kind: str = "home", languages=("c", "cpp", 
     return credentials.format_credential(worker_id, secret)
 
 
+def request_bytes(path: str, body: dict, credential: str) -> bytes:
+    """A whole POST of ``body`` as JSON with a worker's credential, for tests that write raw sockets
+    (to stall it half-way, or to hold many requests open at once)."""
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: arbiter\r\nAuthorization: Bearer {credential}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+
+
 class ArbiterProcess:
     def __init__(self, dsn: str, workdir: Path, name: str = "a1", env: dict | None = None, **settings):
         self.dsn = dsn

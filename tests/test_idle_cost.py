@@ -15,7 +15,7 @@ import pytest
 from arbiter import devcluster, migrations
 from arbiter.config import ArbiterSettings
 from fixtures_data import seed_problem, seed_submissions
-from procs import FAST, add_worker, wait_for
+from procs import FAST, add_worker, request_bytes, wait_for
 
 # The arbiter's defaults for everything procs.FAST shortens for the fault tests (the idle cadence
 # included); the standing canary probe stays off, as in every test that does not test it.
@@ -47,10 +47,8 @@ def site(counting_cluster):
 
 
 def park(port: int, credential: str, wait_secs: float = 30) -> socket.socket:
-    body = json.dumps({"request_id": uuid.uuid4().hex, "wait_secs": wait_secs}).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    s.sendall((f"POST /v1/acquire HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {credential}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+    s.sendall(request_bytes("/v1/acquire", {"request_id": uuid.uuid4().hex, "wait_secs": wait_secs}, credential))
     return s
 
 

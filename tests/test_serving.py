@@ -4,7 +4,6 @@ parked requests at once, removed config keys are refused with their replacement.
 
 from __future__ import annotations
 
-import json
 import resource
 import signal
 import socket
@@ -18,7 +17,7 @@ import pytest
 
 from arbiter.runtime import URGENT_THREADS
 from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker, wait_for
+from procs import add_worker, request_bytes, wait_for
 from worker.http_client import ArbiterClient
 
 
@@ -53,12 +52,6 @@ def connect(arbiter) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", arbiter.port), timeout=10)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return s
-
-
-def request_bytes(path: str, body: dict, credential: str) -> bytes:
-    data = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: arbiter\r\nAuthorization: Bearer {credential}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
 
 
 def status_of(sock: socket.socket) -> int | None:
