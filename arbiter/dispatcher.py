@@ -299,18 +299,19 @@ class Dispatcher:
         for run in runs:
             if not claimable.languages_for(run[0].worker.worker_id, run[0].languages):
                 continue  # an earlier run took all of this
-            matched = self._match_batch(conn, run)
-            granted += matched
-            if matched < len(run):
+            leased, tried = self._match_batch(conn, run)
+            granted += leased
+            if leased < tried:
                 claimable.exhausted(run[0].worker.worker_id, run[0].languages)
         return granted
 
-    def _match_batch(self, conn: psycopg.Connection, run: list[Ticket]) -> int:
-        """MATCHING for every request of the run, one acquire_leases statement, then each request's
-        outcome. Returns how many got a lease."""
+    def _match_batch(self, conn: psycopg.Connection, run: list[Ticket]) -> tuple[int, int]:
+        """MATCHING for every request of the run still parked, one acquire_leases statement, then each
+        request's outcome. Returns (how many got a lease, how many were tried): fewer leased than
+        tried means the work ran out (those that left meanwhile say nothing about it)."""
         matching = [t for t in run if self.lot.begin_match(t)]
         if not matching:
-            return len(run)  # all left meanwhile: nothing is known about the work
+            return 0, 0
         granted: dict[tuple[str, str], leases.Lease] = {}
         retry_alone = False
         try:
@@ -324,6 +325,7 @@ class Dispatcher:
             # match these one at a time, where each such request gets its earlier lease.
             retry_alone = True
         except psycopg.errors.LockNotAvailable:
+            self._dirty = True  # the work is still there: the next round looks again
             log.warning("submission rows locked; will retry next round")
         finally:
             for ticket in matching:
@@ -337,8 +339,8 @@ class Dispatcher:
                 log.info("lease granted", extra={"submission_id": lease.submission_id,
                                                  "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
         if retry_alone:
-            return sum(self._match(conn, t, None) is not None for t in matching)
-        return len(granted) + (len(run) - len(matching))
+            return sum(self._match(conn, t, None) is not None for t in matching), len(matching)
+        return len(granted), len(matching)
 
     def _match(self, conn: psycopg.Connection, ticket: Ticket, legacy: leases.LegacyRules | None) -> leases.Lease | None:
         if not self.lot.begin_match(ticket):
@@ -366,6 +368,7 @@ class Dispatcher:
             found = leases.find_grant(conn, ticket.worker.worker_id, ticket.request_id)
             lease = found[1] if found and found[0] is leases.GrantState.LIVE else None
         except psycopg.errors.LockNotAvailable:
+            self._dirty = True  # the work is still there: the next round looks again
             log.warning("legacy global lock busy; will retry next round")
         finally:
             self.lot.finish_match(ticket, lease)
