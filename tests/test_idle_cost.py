@@ -122,3 +122,26 @@ def test_work_that_became_pending_while_the_listen_session_was_gone_is_found_on_
     status, lease = answer(s)
     assert status == 200 and lease["submission_id"] == sid
     s.close()
+
+
+def test_work_a_round_could_not_lock_is_looked_at_again_next_round(site, arbiters):
+    """A round whose acquire hits a lock timeout (the worker's row is locked: the statement that
+    notes its lease waits 2 s) leaves the work pending; the next round looks again, long before
+    any sweep, and the parked request gets the work once the lock is gone."""
+    dsn, creds = site
+    a = arbiters.start(dsn, **{**DEFAULT_CADENCE, "dispatch_sweep_secs": 300.0})
+    s = park(a.port, creds[0])
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1, what="parked")
+    blocker = psycopg.connect(dsn)
+    blocker.execute("SELECT 1 FROM workers WHERE worker_id = 'home-0' FOR UPDATE")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            (sid,) = seed_submissions(conn, 1)
+        wait_for(lambda: "will retry next round" in a.log_text(), 15, what="a round that hit the lock timeout")
+    finally:
+        blocker.rollback()
+        blocker.close()
+    s.settimeout(30)
+    status, lease = answer(s)
+    assert status == 200 and lease["submission_id"] == sid
+    s.close()
