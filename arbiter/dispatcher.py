@@ -48,7 +48,7 @@ class Dispatcher:
         self.rounds = 0
         self._legacy_checked_at: float | None = None  # monotonic; the schema is looked at again now and then
         # Whether the queue may have changed since the last look (a NOTIFY, a newly parked request,
-        # a new LISTEN session, leadership, a lease just granted). An idle round with nothing new
+        # a new LISTEN session, leadership, a lease just granted, a lock timeout). An idle round with nothing new
         # runs no statement; a look every dispatch_sweep_secs bounds what a lost NOTIFY could strand.
         self._dirty = True
         self._swept_at: float | None = None
