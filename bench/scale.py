@@ -602,7 +602,7 @@ PROFILE = [
     "lease ran out while 10,000 requests parked, to be understood first); the requests' database calls run inline on",
     "the loop, with no thread hops at all, +0 % (so the hops are not the limit); no request logging",
     "+10 %. A lease lifecycle (three requests and a share of a dispatch round, all on one GIL) costs",
-    "about 2 ms of the process's CPU, so one core gives some 400-450 a second; the burst of (k) is",
+    "about 2-3 ms of the process's CPU, so one core gives some 350-450 a second (runs on this shared machine vary that much); the burst of (k) is",
     "bound by the same ceiling (500 workers need 500 lifecycles a second). What would close the gap:",
     "more than one process serving requests (heartbeats and results need no parked state: a second",
     "gunicorn worker with SO_REUSEPORT, acquires routed to the leader's process), and folding the",
