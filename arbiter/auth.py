@@ -30,11 +30,13 @@ class CredentialCache:
             return entry[1]
         return None
 
-    def put(self, worker_id: str, digest: str, identity: WorkerIdentity) -> None:
+    def put(self, worker_id: str, digest: str, identity: WorkerIdentity, valid_secs: float | None = None) -> None:
+        """``valid_secs``: how long the database still accepts this secret (a rotated-out one), if bounded."""
+        ttl = self.ttl if valid_secs is None else min(self.ttl, valid_secs)
         with self._lock:
             if len(self._entries) > 10_000:
                 self._entries.clear()
-            self._entries[(worker_id, digest)] = (time.monotonic() + self.ttl, identity)
+            self._entries[(worker_id, digest)] = (time.monotonic() + ttl, identity)
 
 
 def _unauthorized(description: str) -> falcon.HTTPUnauthorized:
@@ -62,20 +64,28 @@ class WorkerAuth:
         digest = credentials.hash_secret(secret)
         identity = self.cache.get(worker_id, digest)
         if identity is None:
-            identity = await self.runtime.db(self._verify, worker_id, digest,
+            verified = await self.runtime.db(self._verify, worker_id, digest,
                                              urgent=getattr(resource, "urgent", False))
-            if identity is None:
-                # Same answer for unknown, revoked and wrong secret: nothing to probe.
+            if verified is None:
+                # Same answer for unknown, revoked, rotated-out and wrong secret: nothing to probe.
                 raise _unauthorized("unknown or revoked credential")
-            self.cache.put(worker_id, digest, identity)
+            identity, valid_secs = verified
+            self.cache.put(worker_id, digest, identity, valid_secs)
         req.context.worker = identity
 
-    def _verify(self, worker_id: str, digest: str) -> WorkerIdentity | None:
-        """On a database thread. A good credential also touches ``last_seen_at`` (a liveness mark of
-        the worker, not state of any submission: it happens even if the request is then refused)."""
+    def _verify(self, worker_id: str, digest: str) -> tuple[WorkerIdentity, float | None] | None:
+        """On a database thread: the identity and, for a rotated-out secret still in its overlap, the
+        seconds it stays valid (DB time). A good credential also touches ``last_seen_at`` (a liveness
+        mark of the worker, not state of any submission: it happens even if the request is then refused)."""
         with self.runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(leases.Q.find_worker_credential, {"worker_id": worker_id}).fetchone()
-            if row is None or row["revoked"] or not credentials.digest_matches(digest, row["secret_sha256"]):
+            if row is None or row["revoked"]:
+                return None
+            if credentials.digest_matches(digest, row["secret_sha256"]):
+                valid_secs = None
+            elif row["previous_secret_sha256"] and credentials.digest_matches(digest, row["previous_secret_sha256"]):
+                valid_secs = row["previous_valid_secs"]
+            else:
                 return None
             conn.execute(leases.Q.touch_worker, {"worker_id": worker_id})
-            return WorkerIdentity(worker_id, row["kind"], tuple(row["languages"]))
+            return WorkerIdentity(worker_id, row["kind"], tuple(row["languages"])), valid_secs

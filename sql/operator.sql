@@ -20,7 +20,9 @@ INSERT INTO workers (worker_id, kind, languages, secret_sha256)
 VALUES (%(worker_id)s, %(kind)s, %(languages)s, %(secret_sha256)s);
 
 -- name: revoke_worker
-UPDATE workers SET revoked_at = now() WHERE worker_id = %(worker_id)s AND revoked_at IS NULL;
+-- Both secrets go: a rotation's overlap never outlives a revocation.
+UPDATE workers SET revoked_at = now(), previous_secret_sha256 = NULL, previous_secret_until = NULL
+WHERE worker_id = %(worker_id)s AND revoked_at IS NULL;
 
 -- name: status_queue
 -- Live work, exactly. Each count reads one partial index (submissions_pending_idx,
@@ -77,9 +79,18 @@ SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT
 -- name: find_worker_secret
 SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind, languages FROM workers WHERE worker_id = %(worker_id)s;
 
--- name: set_worker_secret
-UPDATE workers SET secret_sha256 = %(secret_sha256)s, kind = %(kind)s, languages = %(languages)s, revoked_at = NULL
-WHERE worker_id = %(worker_id)s;
+-- name: set_worker_profile
+UPDATE workers SET kind = %(kind)s, languages = %(languages)s WHERE worker_id = %(worker_id)s;
+
+-- name: rotate_worker_secret
+-- A new secret; the one it replaces stays valid for the overlap (DB time), so the worker can be given
+-- the new one with no refused request. A revoked worker's old secret is not kept.
+UPDATE workers
+SET previous_secret_sha256 = CASE WHEN revoked_at IS NULL THEN secret_sha256 END,
+    previous_secret_until  = CASE WHEN revoked_at IS NULL THEN now() + make_interval(secs => %(overlap_secs)s) END,
+    secret_sha256 = %(secret_sha256)s, revoked_at = NULL
+WHERE worker_id = %(worker_id)s
+RETURNING previous_secret_until;
 
 -- Database roles of the cutover (composed with psycopg.sql: {role} and {group} are identifiers,
 -- {verifier} a literal SCRAM verifier computed client-side, so no password is ever sent or logged).

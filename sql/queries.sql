@@ -270,8 +270,12 @@ GROUP BY language, pinned_worker;
 SELECT DISTINCT language FROM submissions WHERE status = 'pending' AND canary_expect IS NULL;
 
 -- name: find_worker_credential
--- read: a worker's credential hash for bearer authentication.
-SELECT worker_id, kind, languages, secret_sha256, revoked_at IS NOT NULL AS revoked
+-- read: a worker's credential hashes for bearer authentication: the current one, and the previous
+-- one with the seconds it stays valid (DB time; NULL once its overlap is over).
+SELECT worker_id, kind, languages, secret_sha256, revoked_at IS NOT NULL AS revoked,
+       CASE WHEN previous_secret_until > now() THEN previous_secret_sha256 END AS previous_secret_sha256,
+       CASE WHEN previous_secret_until > now()
+            THEN extract(epoch FROM previous_secret_until - now())::float END AS previous_valid_secs
 FROM workers WHERE worker_id = %(worker_id)s;
 
 -- name: touch_worker

@@ -164,4 +164,4 @@ def test_worker_ensure_is_idempotent_and_refuses_a_foreign_credential(db):
             credentials.hash_secret(cred.partition(".")[2])
     rotated = credentials.format_credential("home-1", credentials.new_secret())
     assert judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-",
-                    stdin=rotated).stdout.strip() == "updated worker home-1"
+                    stdin=rotated).stdout.strip().startswith("updated worker home-1: credential rotated")

@@ -10,6 +10,7 @@ from pathlib import Path
 from arbiter.config import is_toml_type, read_secret_file
 
 from . import cgroups
+from .credential_file import CredentialError, check_credential
 
 WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
 LANGUAGES = ("c", "cpp", "python3")
@@ -43,6 +44,8 @@ class WorkerConfig:
     languages: tuple[str, ...] = LANGUAGES
     arbiter_urls: tuple[str, ...] = ()
     credential: str = ""
+    # Where the credential came from: read again when it is replaced (a rotation), see credential_file.py.
+    credential_file: Path | None = None
     dsn: str = ""
     heartbeat_interval_secs: float = 15.0
     long_poll_secs: float = 25.0
@@ -106,15 +109,19 @@ def load(path: str | Path) -> WorkerConfig:
     if values.get("long_poll_secs", 25) > 30:
         raise ConfigError("long_poll_secs must be at most 30 (the arbiter's long-poll limit)")
     credential = dsn = ""
+    credential_file = None
     urls = tuple(raw.get("arbiter_urls", ()))
     if raw["transport"] == "arbiter":
         if not urls or not all(isinstance(u, str) and re.match(r"^https?://[^/\s]+", u) for u in urls):
             raise ConfigError("transport 'arbiter' needs arbiter_urls: a list of http(s)://host:port URLs")
         if not raw.get("credential_file"):
             raise ConfigError("transport 'arbiter' needs credential_file")
-        credential = read_secret_file(raw["credential_file"], "credential_file", ConfigError)
-        if not credential.startswith(raw["worker_id"] + "."):
-            raise ConfigError(f"credential_file holds a credential for another worker, not {raw['worker_id']!r}")
+        try:
+            credential = check_credential(read_secret_file(raw["credential_file"], "credential_file", ConfigError),
+                                          raw["worker_id"])
+        except CredentialError as exc:
+            raise ConfigError(f"credential_file {exc}") from None
+        credential_file = Path(raw["credential_file"])
     if raw.get("dsn") and raw.get("dsn_file"):
         raise ConfigError("give dsn or dsn_file, not both")
     if raw.get("dsn_file"):
@@ -136,5 +143,6 @@ def load(path: str | Path) -> WorkerConfig:
         raise ConfigError(f"testdata_dir {testdata} is not a directory")
     return WorkerConfig(worker_id=raw["worker_id"], kind=raw["kind"], transport=raw["transport"],
                         outbox_dir=Path(raw["outbox_dir"]), testdata_dir=testdata, work_dir=Path(raw["work_dir"]),
-                        languages=languages, arbiter_urls=urls, credential=credential, dsn=dsn, sandbox=sandbox,
+                        languages=languages, arbiter_urls=urls, credential=credential,
+                        credential_file=credential_file, dsn=dsn, sandbox=sandbox,
                         **values)

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -26,11 +27,13 @@ class Reply:
 
 
 class ArbiterClient:
-    def __init__(self, urls: list[str], credential: str, timeout: float = 10.0):
+    def __init__(self, urls: list[str], credential: str | Callable[[], str], timeout: float = 10.0):
+        """``credential``: the bearer credential, or a callable giving the one to send now (a file that
+        a rotation replaces)."""
         if not urls:
             raise ValueError("at least one arbiter URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
-        self.credential = credential
+        self.credential = credential if callable(credential) else (lambda: credential)
         self.timeout = timeout
         self._local = threading.local()
         self._preferred = 0
@@ -110,7 +113,7 @@ class ArbiterClient:
         ``parks``: the request may be held by the server (a long-poll acquire); abort_acquire ends it."""
         timeout = timeout or self.timeout
         payload = json.dumps(body).encode() if body is not None else None
-        headers = {"Authorization": f"Bearer {self.credential}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {self.credential()}", "Accept": "application/json"}
         if payload is not None:
             headers["Content-Type"] = "application/json"
         last_error = "no arbiter tried"

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from .backoff import Backoff
+from .credential_file import CredentialFile
 from .http_client import ArbiterClient, Unreachable
 from .judge import Job
 from .outbox import Entry
@@ -73,8 +74,9 @@ class ArbiterTransport:
 
     def __init__(self, config):
         self.config = config
-        self.client = ArbiterClient(list(config.arbiter_urls), config.credential,
-                                    timeout=config.request_timeout_secs)
+        credential = (CredentialFile(config.credential_file, config.worker_id).current
+                      if config.credential_file else config.credential)
+        self.client = ArbiterClient(list(config.arbiter_urls), credential, timeout=config.request_timeout_secs)
         self.backoff = Backoff(config.backoff_initial_secs, config.backoff_max_secs)
         self._request_id: str | None = None
 

@@ -11,12 +11,16 @@ ALTER TABLE submissions
 CREATE UNIQUE INDEX submissions_lease_token_idx ON submissions (lease_token) WHERE lease_token IS NOT NULL;
 CREATE INDEX submissions_lease_expiry_idx ON submissions (lease_expires_at) WHERE status = 'judging';
 
--- Judge workers that talk to the arbiter, with the SHA-256 of their bearer secret.
+-- Judge workers that talk to the arbiter, with the SHA-256 of their bearer secret. A rotation keeps
+-- the previous secret valid until previous_secret_until (DB time), so the new one can be rolled out
+-- to the worker with no refused request.
 CREATE TABLE workers (
     worker_id       text PRIMARY KEY CHECK (worker_id ~ '^[a-z0-9][a-z0-9_-]{0,62}$'),
     kind            text NOT NULL CHECK (kind IN ('home', 'production')),
     languages       text[] NOT NULL DEFAULT ARRAY['c', 'cpp', 'python3'],
     secret_sha256   text NOT NULL,
+    previous_secret_sha256  text,
+    previous_secret_until   timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     revoked_at      timestamptz,
     last_seen_at    timestamptz,

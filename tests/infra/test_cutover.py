@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -235,6 +237,50 @@ def forward(lab: Lab, flow: Flow, stage: int) -> None:
             assert conn.execute("SELECT to_regclass('judge_dispatch_state')").fetchone() == (None,)
 
 
+REFUSED = re.compile(r'^arbiter_requests_total\{[^}]*status="401"[^}]*\} (\S+)$', re.M)
+
+
+def refused_by_arbiter(lab: Lab) -> float:
+    """The arbiter's count of 401 answers, read on its host with the operator token (never on a command line)."""
+    node = lab.nodes()["arbiter"]
+    text = node.run("/usr/bin/python3 -c " + shlex.quote(
+        "import urllib.request\n"
+        "token = open('/etc/judge-arbiter/operator-token').read().strip()\n"
+        "r = urllib.request.Request('http://127.0.0.1:8080/metrics', headers={'Authorization': 'Bearer ' + token})\n"
+        "print(urllib.request.urlopen(r, timeout=5).read().decode())\n"))
+    assert text.rc == 0, text.stderr
+    return sum(float(v) for v in REFUSED.findall(text.stdout))
+
+
+def rotate_worker_credentials(lab: Lab, flow: Flow) -> None:
+    """The operator puts new worker credentials into the vault and runs the stage again: the database
+    rotates (the previous secret stays valid for the overlap), then each worker's file is replaced and
+    the worker sends the new one. No worker request is refused, and once the overlap is over (ended
+    here by the database's clock) the workers still judge: they no longer send the previous secret."""
+    old = dict(lab.secrets["judge_worker_credentials"])
+    new = {w: f"{w}.{secrets.token_urlsafe(32)}" for w in old}
+    path = lab.base / "secrets.yml"
+    text = path.read_text()
+    path.write_text(re.sub(r"^judge_worker_credentials: .*$", lambda _: f"judge_worker_credentials: {json.dumps(new)}",
+                           text, flags=re.M))
+    lab.secrets["judge_worker_credentials"] = new
+    refused = refused_by_arbiter(lab)
+    lab.play(f"stage{lab.stage}.yml")
+    output = "\n".join(log.read_text() for log in lab.logs[-1:])
+    assert not any(c.partition(".")[2] in output for c in (*old.values(), *new.values())), "a secret in the output"
+    with lab.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM workers WHERE previous_secret_until > now() + interval '50 minutes'"
+                            ).fetchone()[0] == len(old), "every worker's previous secret keeps its overlap"
+        conn.execute("UPDATE workers SET previous_secret_until = now()")  # the overlap is over
+    ended = db_now(lab)
+    time.sleep(6)  # past the arbiter's credential cache (credential_cache_secs, 5 s by default)
+    since = db_now(lab)
+    wait_for(lambda: ("home-1", True) in transports_used_since(lab, since), 60, POLL_SECS,
+             what="home-1 to judge through the arbiter with its new credential")
+    settled(lab, flow)
+    assert refused_by_arbiter(lab) == refused, f"worker requests refused during the rotation (from {ended})"
+
+
 def reach_stage(lab: Lab, stage: int) -> None:
     """Where a test starts when it runs on its own (-k): one converge to that stage."""
     if lab.stage != stage:
@@ -347,6 +393,7 @@ def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
     passwords = lab.secrets["judge_legacy_db_passwords"]
     for stage in (2, 3, 4):
         forward(lab, flow, stage)
+    rotate_worker_credentials(lab, flow)
 
     for target in (3, 2, 1, 0):
         lab.play("rollback.yml", "-e", f"judge_rollback_to={target}")
