@@ -7,6 +7,7 @@ with one line naming the key.
 from __future__ import annotations
 
 import os
+import ssl
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -25,6 +26,9 @@ class ArbiterSettings:
     # dsn is a transaction pooler such as PgBouncer; without it everything uses dsn.
     session_dsn: str = ""
     bind: str = "127.0.0.1:8080"
+    # HTTPS (both or neither): the server certificate (chain) and its key (mode 0600). TLS 1.2 or newer.
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
     # lease protocol (DESIGN.md section 5)
     unconfirmed_secs: float = 10.0
     lease_secs: float = 60.0
@@ -180,4 +184,29 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError("config key 'legacy_yield_secs' must be >= 0 (0: never wait for a legacy worker's turn)")
     if settings.unconfirmed_secs > settings.lease_secs:
         raise ConfigError("unconfirmed_secs must not exceed lease_secs")
+    _check_tls(settings)
     return settings
+
+
+def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """What the arbiter serves HTTPS with: TLS 1.2 or newer, the certificate and key given."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+def _check_tls(settings: ArbiterSettings) -> None:
+    """One line at start-up for a certificate or key that would only fail at the first handshake."""
+    if bool(settings.tls_certfile) != bool(settings.tls_keyfile):
+        raise ConfigError("tls_certfile and tls_keyfile go together: set both for HTTPS, or neither")
+    if not settings.tls_certfile:
+        return
+    read_secret_file(settings.tls_keyfile, "tls_keyfile")  # exists, not empty, not readable by others
+    try:
+        server_ssl_context(settings.tls_certfile, settings.tls_keyfile)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"tls_certfile {settings.tls_certfile}: {exc.strerror}") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"tls_certfile/tls_keyfile: not a certificate and its key "
+                          f"({getattr(exc, 'reason', None) or exc})") from None

@@ -19,6 +19,9 @@ except ConfigError as exc:
     sys.exit(2)
 
 bind = [_settings.bind]
+if _settings.tls_certfile:
+    # HTTPS: the worker class (arbiter/serving.py) holds the context to TLS 1.2 or newer.
+    certfile, keyfile = _settings.tls_certfile, _settings.tls_keyfile
 workers = 1
 worker_class = WORKER_CLASS
 # The worker's loop notifies the master every tick; a worker silent this long is hung.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import credentials, devcluster, leases, migrations, serving
+from . import credentials, devcluster, leases, migrations, serving, tlsfiles
 
 APLUSB = [("1 2\n", "3\n"), ("10 20\n", "30\n"), ("-5 5\n", "0\n")]
 REVERSE = [("abc\n", "cba\n"), ("racecar\n", "racecar\n")]
@@ -121,10 +121,14 @@ class Lab:
                     sid = leases.submit(conn, rng.choice(users), problems[slug], lang, source)
                     expected[sid] = verdict
         port = devcluster.free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        # HTTPS as in production: the lab's own CA, the arbiter's certificate, workers trusting that CA only.
+        self.ca_file, _ = tlsfiles.ensure_ca(self.base / "tls" / "ca", "judge-lab CA")
+        certfile, keyfile, _ = tlsfiles.issue_server_cert(self.base / "tls" / "ca", self.base / "tls", ["127.0.0.1"])
+        self.url = f"https://127.0.0.1:{port}"
         conf = self.base / "arbiter.toml"
         conf.write_text(f"dsn = {json.dumps(self.dsn)}\nbind = \"127.0.0.1:{port}\"\nlease_secs = 20.0\n"
-                        "unconfirmed_secs = 5.0\ngrace_secs = 20.0\n")
+                        f"unconfirmed_secs = 5.0\ngrace_secs = 20.0\ntls_certfile = \"{certfile}\"\n"
+                        f"tls_keyfile = \"{keyfile}\"\n")
         gunicorn_conf = Path(__file__).with_name("gunicorn.conf.py")
         programs = [self._program("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(gunicorn_conf),
                                               serving.APP], {"JUDGE_ARBITER_CONFIG": str(conf)})]
@@ -139,6 +143,7 @@ class Lab:
             (home / "worker.toml").write_text(
                 f'worker_id = "{wid}"\nkind = "{"production" if wid.startswith("prod") else "home"}"\n'
                 f'transport = "arbiter"\narbiter_urls = ["{self.url}"]\ncredential_file = "{home / "credential"}"\n'
+                f'tls_ca_file = "{self.ca_file}"\n'
                 f'outbox_dir = "{home / "outbox"}"\ntestdata_dir = "{testdata}"\nwork_dir = "{work / wid}"\n'
                 'heartbeat_interval_secs = 5.0\nlong_poll_secs = 10.0\nbackoff_max_secs = 5.0\n')
             programs.append(self._program(wid, [sys.executable, "-m", "worker.main", "--config",
@@ -199,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         expected = lab.setup()
         started = time.monotonic()
-        print(f"{len(expected)} submissions queued; arbiter at {lab.url}/status")
+        print(f"{len(expected)} submissions queued; arbiter at {lab.url}/status (the lab's CA: {lab.ca_file})")
         with psycopg.connect(lab.dsn, autocommit=True) as conn:
             while True:
                 counts, per_worker = lab.progress(conn)

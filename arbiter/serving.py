@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from .config import server_ssl_context
 from .metrics import METRICS
 
 log = logging.getLogger("arbiter.serving")
@@ -161,6 +162,10 @@ class ArbiterWorker(UvicornWorker):
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi  # gunicorn's name for the loaded app; here the ASGI callable
+        if self.cfg.is_ssl:
+            # uvicorn builds a context from gunicorn's options; ours takes its place: TLS 1.2 or newer.
+            self.config.load()
+            self.config.ssl = server_ssl_context(self.cfg.ssl_options["certfile"], self.cfg.ssl_options["keyfile"])
         server = ArbiterServer(config=self.config)
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -69,13 +70,16 @@ def request_bytes(path: str, body: dict, credential: str) -> bytes:
 
 
 class ArbiterProcess:
-    def __init__(self, dsn: str, workdir: Path, name: str = "a1", env: dict | None = None, **settings):
+    def __init__(self, dsn: str, workdir: Path, name: str = "a1", env: dict | None = None,
+                 ca_file: str | None = None, **settings):
+        """``ca_file``: with tls_certfile/tls_keyfile among the settings, the CA the test trusts."""
         self.dsn = dsn
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if settings.get('tls_certfile') else 'http'}://127.0.0.1:{self.port}"
+        self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         values = dict(FAST, bind=f"127.0.0.1:{self.port}", instance_name=name, **settings)
         self.config = self.workdir / f"arbiter-{name}.toml"
         lines = [f"dsn = {json.dumps(dsn)}"] + [f"{k} = {json.dumps(v)}" for k, v in values.items()]
@@ -102,7 +106,7 @@ class ArbiterProcess:
 
     def get(self, path: str):
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            with urllib.request.urlopen(self.url + path, timeout=5, context=self.ssl_context) as r:
                 body = r.read()
                 return r.status, (json.loads(body) if r.headers.get_content_type() == "application/json" else body.decode())
         except urllib.error.HTTPError as e:
@@ -156,8 +160,9 @@ class Arbiters:
         self.tmp_path = tmp_path
         self.started: list[ArbiterProcess] = []
 
-    def start(self, dsn: str, name: str = "a1", wait_ready: bool = True, env: dict | None = None, **settings):
-        proc = ArbiterProcess(dsn, self.tmp_path, name=name, env=env, **settings)
+    def start(self, dsn: str, name: str = "a1", wait_ready: bool = True, env: dict | None = None,
+              ca_file: str | None = None, **settings):
+        proc = ArbiterProcess(dsn, self.tmp_path, name=name, env=env, ca_file=ca_file, **settings)
         self.started.append(proc)
         return proc.start(wait_ready=wait_ready)
 

@@ -38,6 +38,12 @@ def test_lab_judges_every_sample_correctly_under_supervisord(lab_dir):
     assert re.search(r"canaries of the arbiter's probe: (\d+) of \1 as expected", result.stdout), result.stdout[-2000:]
     conf = (lab_dir / "supervisord.conf").read_text()
     assert all(f"[program:{p}]" in conf for p in ("arbiter", "home-1", "home-2", "prod-1"))
+    # Over HTTPS with the lab's own CA, as in production: every worker trusts that CA and nothing else.
+    assert re.search(r"arbiter at https://127\.0\.0\.1:\d+/status", result.stdout), result.stdout[:2000]
+    assert "tls_certfile" in (lab_dir / "arbiter.toml").read_text()
+    for worker in ("home-1", "home-2", "prod-1"):
+        toml = (lab_dir / worker / "worker.toml").read_text()
+        assert 'arbiter_urls = ["https://' in toml and f'tls_ca_file = "{lab_dir}/tls/ca/ca.crt"' in toml
 
 
 def test_lab_chaos_kills_programs_and_loses_nothing(lab_dir):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import ssl
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +49,10 @@ class WorkerConfig:
     credential: str = ""
     # Where the credential came from: read again when it is replaced (a rotation), see credential_file.py.
     credential_file: Path | None = None
+    # The CA bundle an https:// arbiter's certificate must chain to: the site's own CA ("system": the
+    # machine's trust store, never implied). http:// to anything but loopback needs allow_plaintext.
+    tls_ca_file: str = ""
+    allow_plaintext: bool = False
     dsn: str = ""
     heartbeat_interval_secs: float = 15.0
     long_poll_secs: float = 25.0
@@ -61,6 +68,7 @@ class WorkerConfig:
 
 _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "testdata_dir": str, "work_dir": str,
         "languages": list, "arbiter_urls": list, "credential_file": str, "dsn": str, "dsn_file": str,
+        "tls_ca_file": str, "allow_plaintext": bool,
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
         "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
         "legacy_idle_fresh_secs": float, "sandbox": dict}
@@ -76,6 +84,43 @@ def _check_types(section: str, raw: dict, schema: dict) -> None:
         expected = schema[key]
         if not is_toml_type(value, expected):
             raise ConfigError(f"{section}.{key} must be {expected.__name__}, got {type(value).__name__}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_transport_security(urls, ca_file: str, allow_plaintext: bool) -> None:
+    """The credential and every submission cross the network: encrypted and to the site's own
+    arbiter unless the operator says otherwise in so many words."""
+    for url in urls:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme == "http" and not _is_loopback(parsed.hostname or "") and not allow_plaintext:
+            raise ConfigError(f"arbiter URL {url} is plain http to another host: the credential and the "
+                              "submissions would cross the network in clear; use https:// (with tls_ca_file) "
+                              "or set allow_plaintext = true")
+        if parsed.scheme == "https" and not ca_file:
+            raise ConfigError(f"arbiter URL {url} is https: set tls_ca_file to the site's CA bundle "
+                              "(or \"system\" for the machine's trust store)")
+    if ca_file and ca_file != "system":
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except FileNotFoundError:
+            raise ConfigError(f"tls_ca_file {ca_file} does not exist") from None
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"tls_ca_file {ca_file}: not a CA bundle ({getattr(exc, 'reason', None) or exc})") from None
+
+
+def client_ssl_context(ca_file: str) -> ssl.SSLContext:
+    """Verify the arbiter against ``ca_file`` only (or the system store for "system"); TLS 1.2+."""
+    ctx = ssl.create_default_context() if ca_file == "system" else ssl.create_default_context(cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
 
 
 def load(path: str | Path) -> WorkerConfig:
@@ -116,6 +161,7 @@ def load(path: str | Path) -> WorkerConfig:
             raise ConfigError("transport 'arbiter' needs arbiter_urls: a list of http(s)://host:port URLs")
         if not raw.get("credential_file"):
             raise ConfigError("transport 'arbiter' needs credential_file")
+        _check_transport_security(urls, raw.get("tls_ca_file", ""), raw.get("allow_plaintext", False))
         try:
             credential = check_credential(read_secret_file(raw["credential_file"], "credential_file", ConfigError),
                                           raw["worker_id"])
@@ -144,5 +190,6 @@ def load(path: str | Path) -> WorkerConfig:
     return WorkerConfig(worker_id=raw["worker_id"], kind=raw["kind"], transport=raw["transport"],
                         outbox_dir=Path(raw["outbox_dir"]), testdata_dir=testdata, work_dir=Path(raw["work_dir"]),
                         languages=languages, arbiter_urls=urls, credential=credential,
-                        credential_file=credential_file, dsn=dsn, sandbox=sandbox,
+                        credential_file=credential_file, tls_ca_file=raw.get("tls_ca_file", ""),
+                        allow_plaintext=raw.get("allow_plaintext", False), dsn=dsn, sandbox=sandbox,
                         **values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -27,9 +28,11 @@ class Reply:
 
 
 class ArbiterClient:
-    def __init__(self, urls: list[str], credential: str | Callable[[], str], timeout: float = 10.0):
+    def __init__(self, urls: list[str], credential: str | Callable[[], str], timeout: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None):
         """``credential``: the bearer credential, or a callable giving the one to send now (a file that
-        a rotation replaces)."""
+        a rotation replaces). ``ssl_context``: how https:// arbiters are verified (the site's CA)."""
+        self.ssl_context = ssl_context
         if not urls:
             raise ValueError("at least one arbiter URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
@@ -48,8 +51,12 @@ class ArbiterClient:
         conn = conns.get(base)
         if conn is None:
             parsed = urllib.parse.urlsplit(base)
-            cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
-            conn = conns[base] = cls(parsed.hostname, parsed.port, timeout=timeout)
+            if parsed.scheme == "https":
+                conn = http.client.HTTPSConnection(parsed.hostname, parsed.port, timeout=timeout,
+                                                   context=self.ssl_context)
+            else:
+                conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
+            conns[base] = conn
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from .backoff import Backoff
+from .config import client_ssl_context
 from .credential_file import CredentialFile
 from .http_client import ArbiterClient, Unreachable
 from .judge import Job
@@ -76,7 +77,9 @@ class ArbiterTransport:
         self.config = config
         credential = (CredentialFile(config.credential_file, config.worker_id).current
                       if config.credential_file else config.credential)
-        self.client = ArbiterClient(list(config.arbiter_urls), credential, timeout=config.request_timeout_secs)
+        context = client_ssl_context(config.tls_ca_file) if config.tls_ca_file else None
+        self.client = ArbiterClient(list(config.arbiter_urls), credential, timeout=config.request_timeout_secs,
+                                    ssl_context=context)
         self.backoff = Backoff(config.backoff_initial_secs, config.backoff_max_secs)
         self._request_id: str | None = None
 
