@@ -6,6 +6,7 @@ Errors are one clear line on stderr and a non-zero exit status.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -16,6 +17,9 @@ from psycopg.rows import dict_row
 
 from . import canary, credentials, dbroles, leases, migrations, status
 from .sqlfiles import Statements
+
+# The worker's own parser: what judgectl stores is exactly what a worker accepts.
+from worker.compare import ComparerError, parse_comparer  # noqa: E402
 
 OPS = Statements("operator.sql")
 # How often the waiting commands (the cutover gate, the lease drain) look again: a gate passes within
@@ -79,16 +83,61 @@ def cmd_dbrole_drop(args, conn) -> int:
     return 0
 
 
+def _comparer_and_checker(args, default: str | None) -> tuple[str | None, str | None]:
+    """--comparer and --checker as the database stores them: (comparer, checker_sha256)."""
+    comparer = args.comparer
+    if args.checker:
+        if comparer not in (None, "checker"):
+            raise CtlError(f"--checker makes the comparer 'checker', not {comparer!r}")
+        try:
+            digest = hashlib.sha256(Path(args.checker).read_bytes()).hexdigest()  # as worker/checker.py
+        except OSError as exc:
+            raise CtlError(f"--checker {args.checker}: {exc.strerror}") from None
+        return "checker", digest
+    if comparer is None:
+        return default, None
+    if comparer == "checker":
+        raise CtlError("--comparer checker needs --checker FILE (the checker's C++ source)")
+    try:
+        return str(parse_comparer(comparer)), None
+    except ComparerError as exc:
+        raise CtlError(str(exc)) from None
+
+
+def _checker_reminder(problem_id: int, args) -> None:
+    if args.checker:
+        print(f"ship {args.checker} with the test data as {problem_id}/checker.cpp (with any *.h it includes); "
+              "a worker judges only with a checker of this digest", file=sys.stderr)
+
+
 def cmd_problem_add(args, conn) -> int:
+    comparer, checker_sha256 = _comparer_and_checker(args, "tokens")
     try:
         row = conn.execute(OPS.add_problem, {"slug": args.slug, "title": args.title or args.slug,
                                              "xp_reward": args.xp, "time_limit_ms": args.time_limit_ms,
-                                             "memory_limit_kb": args.memory_limit_kb}).fetchone()
+                                             "memory_limit_kb": args.memory_limit_kb, "comparer": comparer,
+                                             "checker_sha256": checker_sha256}).fetchone()
     except psycopg.errors.UniqueViolation:
         raise CtlError(f"problem {args.slug!r} already exists") from None
     except psycopg.errors.CheckViolation as exc:
         raise CtlError(f"invalid problem: {exc.diag.message_primary}") from None
     print(row[0])
+    _checker_reminder(row[0], args)
+    return 0
+
+
+def cmd_problem_set(args, conn) -> int:
+    comparer, checker_sha256 = _comparer_and_checker(args, None)
+    try:
+        row = conn.execute(OPS.set_problem, {"slug": args.slug, "time_limit_ms": args.time_limit_ms,
+                                             "memory_limit_kb": args.memory_limit_kb, "comparer": comparer,
+                                             "checker_sha256": checker_sha256}).fetchone()
+    except psycopg.errors.CheckViolation as exc:
+        raise CtlError(f"invalid problem: {exc.diag.message_primary}") from None
+    if row is None:
+        raise CtlError(f"no problem {args.slug!r}")
+    print(f"problem {args.slug} (#{row[0]}): comparer {row[1]}" + (f", checker sha256 {row[2]}" if row[2] else ""))
+    _checker_reminder(row[0], args)
     return 0
 
 
@@ -329,7 +378,16 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--xp", type=int, default=10)
     pa.add_argument("--time-limit-ms", type=int, default=1000)
     pa.add_argument("--memory-limit-kb", type=int, default=262144)
+    pa.add_argument("--comparer", help="tokens (default) | lines | float:abs=A,rel=R | checker")
+    pa.add_argument("--checker", help="the problem's checker (C++ source, testlib convention); implies --comparer checker")
     pa.set_defaults(func=cmd_problem_add)
+    ps = psub.add_parser("set", help="change a problem's limits, comparer or checker (only what is given)")
+    ps.add_argument("slug")
+    ps.add_argument("--time-limit-ms", type=int)
+    ps.add_argument("--memory-limit-kb", type=int)
+    ps.add_argument("--comparer", help="tokens | lines | float:abs=A,rel=R | checker")
+    ps.add_argument("--checker", help="the problem's checker (C++ source); implies --comparer checker")
+    ps.set_defaults(func=cmd_problem_set)
 
     p = sub.add_parser("submit", help="submit a solution (prints the submission id)")
     p.add_argument("--user", required=True)

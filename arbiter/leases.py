@@ -41,6 +41,8 @@ class Lease:
     attempt: int
     time_limit_ms: int
     memory_limit_kb: int
+    comparer: str = "tokens"
+    checker_sha256: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,8 @@ class Lease:
                 "slug": self.problem_slug,
                 "time_limit_ms": self.time_limit_ms,
                 "memory_limit_kb": self.memory_limit_kb,
+                "comparer": self.comparer,
+                "checker_sha256": self.checker_sha256,
             },
             "language": self.language,
             "source": self.source,
@@ -79,6 +83,8 @@ def _lease_from_row(row: dict[str, Any]) -> Lease:
         attempt=row["judge_attempts"],
         time_limit_ms=row["time_limit_ms"],
         memory_limit_kb=row["memory_limit_kb"],
+        comparer=row["comparer"],
+        checker_sha256=row["checker_sha256"],
     )
 
 

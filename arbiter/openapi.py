@@ -70,7 +70,12 @@ SPEC = {
                     "problem": {"type": "object", "required": ["id", "slug", "time_limit_ms", "memory_limit_kb"],
                                 "properties": {"id": {"type": "integer"}, "slug": {"type": "string"},
                                                "time_limit_ms": {"type": "integer"},
-                                               "memory_limit_kb": {"type": "integer"}}},
+                                               "memory_limit_kb": {"type": "integer"},
+                                               "comparer": {"type": "string", "description":
+                                                            "tokens | lines | float:abs=A,rel=R | checker"},
+                                               "checker_sha256": {"type": ["string", "null"], "description":
+                                                                  "SHA-256 of the problem's checker.cpp "
+                                                                  "(comparer checker)"}}},
                     "language": {"type": "string", "enum": sorted(LANGUAGES)},
                     "source": {"type": "string"},
                     "attempt": {"type": "integer"},

@@ -29,7 +29,7 @@ WHERE s.id = (SELECT id FROM submissions
               ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
   AND s.status = 'pending' AND p.id = s.problem_id
 RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,
-          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb;
+          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256;
 
 -- name: claim_oldest_pending
 -- Canaries first (a handful at most: see docs/architecture.md, "Canaries"), then the oldest real
@@ -49,7 +49,7 @@ SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_atte
 FROM candidate, problems p
 WHERE s.id = candidate.id AND s.status = 'pending' AND p.id = s.problem_id
 RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,
-          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb;
+          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256;
 
 -- name: note_claim
 WITH node AS (

@@ -2,9 +2,19 @@
 -- no arrow of the state machine lives here (those are in queries.sql).
 
 -- name: add_problem
-INSERT INTO problems (slug, title, xp_reward, time_limit_ms, memory_limit_kb)
-VALUES (%(slug)s, %(title)s, %(xp_reward)s, %(time_limit_ms)s, %(memory_limit_kb)s)
+INSERT INTO problems (slug, title, xp_reward, time_limit_ms, memory_limit_kb, comparer, checker_sha256)
+VALUES (%(slug)s, %(title)s, %(xp_reward)s, %(time_limit_ms)s, %(memory_limit_kb)s, %(comparer)s, %(checker_sha256)s)
 RETURNING id;
+
+-- name: set_problem
+-- Only what is given (NULL: unchanged); the comparer and the checker's digest always together.
+UPDATE problems
+SET time_limit_ms = coalesce(%(time_limit_ms)s, time_limit_ms),
+    memory_limit_kb = coalesce(%(memory_limit_kb)s, memory_limit_kb),
+    comparer = coalesce(%(comparer)s, comparer),
+    checker_sha256 = CASE WHEN %(comparer)s::text IS NULL THEN checker_sha256 ELSE %(checker_sha256)s END
+WHERE slug = %(slug)s
+RETURNING id, comparer, checker_sha256;
 
 -- name: find_problem
 SELECT id FROM problems WHERE slug = %(slug)s;

@@ -1,4 +1,5 @@
-"""Judges one submission: compile in the sandbox, run every test in the sandbox, compare tokens.
+"""Judges one submission: compile in the sandbox, run every test in the sandbox, compare its output
+with the answer the problem's way (worker/compare.py: tokens, lines, floats, or its own checker).
 
 Test data comes from the local test-data directory: ``<testdata>/<problem_id>/<n>.in`` and
 ``<n>.out`` (a directory named by the problem's slug is accepted too). Missing or broken
@@ -17,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checker import CheckerBroken, Checkers, CheckerUnusable
+from .compare import Comparer, ComparerError, outputs_match, parse_comparer
 from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile, storable_text
 
 # How much of a failed test's stderr goes into the verdict's detail (its end: a traceback's last lines).
@@ -61,11 +64,12 @@ class Job:
     source: str
     time_limit_ms: int
     memory_limit_kb: int
+    comparer: str = "tokens"
+    checker_sha256: str | None = None
 
 
 def tokens_equal(expected_path: Path, actual_path: Path) -> bool:
-    with open(expected_path, "rb") as e, open(actual_path, "rb") as a:
-        return e.read().split() == a.read().split()
+    return outputs_match(Comparer("tokens"), expected_path, actual_path)
 
 
 # The canaries' built-in problem: its test data ships with this package, so every worker has it
@@ -111,6 +115,7 @@ class Judge:
         self.stderr_limit_kb = stderr_limit_kb
         self.wall_factor = wall_factor
         self.max_processes = max_processes
+        self.checkers = Checkers(sandbox, self.work_dir)
 
     def judge(self, job: Job, cancelled: threading.Event | None = None) -> Verdict:
         """The verdict of one submission. Raises CannotJudgeHere when this worker lacks what it needs
@@ -121,6 +126,18 @@ class Judge:
         tests, problem = find_tests(self.testdata_dir, job)
         if problem:
             raise CannotJudgeHere(problem)
+        try:
+            comparer = parse_comparer(job.comparer)
+        except ComparerError as exc:  # a comparer newer than this worker: another worker may know it
+            raise CannotJudgeHere(str(exc)) from None
+        checker = None
+        if comparer.kind == "checker":
+            try:
+                checker = self.checkers.binary(tests[0][0].parent, job.checker_sha256 or "")
+            except CheckerUnusable as exc:
+                raise CannotJudgeHere(str(exc)) from None
+            except CheckerBroken as exc:
+                return Verdict("system_error", detail={"reason": str(exc)})
         spec = LANGUAGES[job.language]
         run_dir = self.work_dir / f"s{job.submission_id}-{os.getpid()}-{threading.get_ident()}"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -132,7 +149,7 @@ class Judge:
             compiled = self._compile(spec, box, run_dir)
             if compiled is not None:
                 return compiled
-            return self._run_tests(spec, job, tests, box, run_dir, cancelled)
+            return self._run_tests(spec, job, tests, box, run_dir, cancelled, comparer, checker)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -152,7 +169,8 @@ class Judge:
             message += f"\n(compiler stopped: {'time limit' if result.wall_timeout else signal.Signals(result.signal).name})"
         return Verdict("CE", detail={"compiler_output": message})
 
-    def _run_tests(self, spec, job: Job, tests, box: Path, run_dir: Path, cancelled) -> Verdict:
+    def _run_tests(self, spec, job: Job, tests, box: Path, run_dir: Path, cancelled, comparer: Comparer,
+                   checker: Path | None) -> Verdict:
         limits = Limits(cpu_ms=job.time_limit_ms, wall_ms=int(job.time_limit_ms * self.wall_factor) + 1000,
                         memory_kb=job.memory_limit_kb, output_kb=self.output_limit_kb,
                         max_processes=self.max_processes, stderr_kb=self.stderr_limit_kb)
@@ -168,11 +186,25 @@ class Judge:
                                           limits=limits, cancelled=cancelled)
             if cancelled.is_set():
                 raise JudgeCancelled()  # a 410 on a heartbeat killed the running test
-            verdict = self._classify(result, limits, expected, out_path)
+            verdict = self._classify(result, limits)
+            message = None
+            if verdict is None and checker is not None:
+                outcome = self.checkers.check(checker, inp, out_path, expected, run_dir, cancelled)
+                if cancelled.is_set():
+                    raise JudgeCancelled()
+                verdict, message = outcome.verdict, outcome.message
+            elif verdict is None:
+                verdict = "AC" if outputs_match(comparer, expected, out_path) else "WA"
             worst_time = max(worst_time, result.cpu_ms)
             worst_memory = max(worst_memory, result.memory_kb)
             per_test.append({"test": index, "verdict": verdict, "time_ms": result.cpu_ms,
                              "wall_ms": result.wall_ms, "memory_kb": result.memory_kb})
+            if message:
+                per_test[-1]["checker_message"] = message
+            if verdict == "system_error":
+                # The checker failed, not the program: nothing about the submission is decided.
+                return Verdict("system_error", detail={"tests": per_test, "failed_test": index,
+                                                       "reason": f"test {index}: {message}"})
             if verdict != "AC":
                 failed = {"tests": per_test, "failed_test": index}
                 if result.stderr_tail:
@@ -181,7 +213,8 @@ class Judge:
         return Verdict("AC", worst_time, worst_memory, {"tests": per_test})
 
     @staticmethod
-    def _classify(result: RunResult, limits: Limits, expected: Path, actual: Path) -> str:
+    def _classify(result: RunResult, limits: Limits) -> str | None:
+        """The verdict the run itself decides, or None: its output is to be compared."""
         if result.cpu_ms > limits.cpu_ms or result.wall_timeout or result.signal == signal.SIGXCPU:
             return "TLE"
         if result.output_exceeded:
@@ -190,4 +223,4 @@ class Judge:
             return "MLE"
         if result.signal is not None or result.exit_code != 0:
             return "RE"
-        return "AC" if tokens_equal(expected, actual) else "WA"
+        return None

@@ -29,7 +29,8 @@ def job_from_lease(lease: dict) -> Job:
     problem = lease["problem"]
     return Job(submission_id=lease["submission_id"], problem_id=problem["id"], problem_slug=problem["slug"],
                language=lease["language"], source=lease["source"], time_limit_ms=problem["time_limit_ms"],
-               memory_limit_kb=problem["memory_limit_kb"])
+               memory_limit_kb=problem["memory_limit_kb"], comparer=problem.get("comparer", "tokens"),
+               checker_sha256=problem.get("checker_sha256"))
 
 
 class Heartbeats(threading.Thread):

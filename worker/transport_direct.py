@@ -87,7 +87,8 @@ class DirectTransport:
             conn.execute(L.note_claim, {"worker_id": self.config.worker_id, "kind": self.config.kind})
         return Job(submission_id=row["submission_id"], problem_id=row["problem_id"], problem_slug=row["problem_slug"],
                    language=row["language"], source=row["source"], time_limit_ms=row["time_limit_ms"],
-                   memory_limit_kb=row["memory_limit_kb"])
+                   memory_limit_kb=row["memory_limit_kb"], comparer=row["comparer"],
+                   checker_sha256=row["checker_sha256"])
 
     def next_assignment(self, stopping: threading.Event) -> Assignment | None:
         try:

@@ -16,3 +16,8 @@ ALTER TABLE submissions
     DROP COLUMN leased_at,
     DROP COLUMN pinned_worker,
     DROP COLUMN canary_expect;
+-- The legacy judge compared tokens only: a problem's comparer and checker go with this schema.
+ALTER TABLE problems
+    DROP CONSTRAINT problems_checker_has_its_digest,
+    DROP COLUMN checker_sha256,
+    DROP COLUMN comparer;

@@ -32,3 +32,13 @@ CREATE TRIGGER submissions_pin_guard
     WHEN (NEW.pinned_worker IS NOT NULL AND NEW.status = 'judging'
           AND NEW.worker_id IS DISTINCT FROM NEW.pinned_worker)
     EXECUTE FUNCTION submissions_pin_guard();
+
+-- How a test's output is judged (worker/compare.py): tokens (the default, what the legacy judge
+-- always did), lines, float:abs=A,rel=R, or the problem's own checker, whose source's SHA-256 the
+-- database holds so that no worker judges with another checker than the one set. Here, not later:
+-- the workers of every stage read it, the legacy transport's too.
+ALTER TABLE problems
+    ADD COLUMN comparer text NOT NULL DEFAULT 'tokens'
+        CHECK (comparer ~ '^(tokens|lines|checker|float:abs=[0-9.eE+-]+,rel=[0-9.eE+-]+)$'),
+    ADD COLUMN checker_sha256 text CHECK (checker_sha256 ~ '^[0-9a-f]{64}$'),
+    ADD CONSTRAINT problems_checker_has_its_digest CHECK ((comparer = 'checker') = (checker_sha256 IS NOT NULL));
