@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import tarfile
+import tempfile
 import json
 import os
 import sys
@@ -19,6 +21,7 @@ from . import canary, credentials, dbroles, leases, migrations, status
 from .sqlfiles import Statements
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
+from worker import testdata  # noqa: E402
 from worker.compare import ComparerError, parse_comparer  # noqa: E402
 
 OPS = Statements("operator.sql")
@@ -141,6 +144,43 @@ def cmd_problem_set(args, conn) -> int:
     return 0
 
 
+def cmd_problem_data(args, conn) -> int:
+    """The digest of a problem's test data (a directory, or a tar archive of one) into the database."""
+    source = Path(args.source)
+    try:
+        if source.is_dir():
+            entries = testdata.manifest(source)
+        elif source.is_file():
+            with tempfile.TemporaryDirectory(prefix="judgectl-data-") as scratch:
+                try:
+                    with tarfile.open(source) as archive:
+                        archive.extractall(scratch, filter="data")
+                except (tarfile.TarError, OSError) as exc:
+                    raise CtlError(f"{source}: not a readable tar archive of test data ({exc})") from None
+                root = Path(scratch)
+                inner = [p for p in root.iterdir()]
+                if len(inner) == 1 and inner[0].is_dir():  # an archive of the directory itself
+                    root = inner[0]
+                entries = testdata.manifest(root)
+        else:
+            raise CtlError(f"{source}: no such directory or archive")
+    except OSError as exc:
+        raise CtlError(f"{source}: {exc.strerror}") from None
+    if not any(e.path.endswith(".in") for e in entries):
+        raise CtlError(f"{source}: no .in files: not a problem's test data")
+    digest = testdata.digest_of(entries)
+    row = conn.execute(OPS.set_problem_data_digest, {"slug": args.slug, "data_digest": digest}).fetchone()
+    if row is None:
+        raise CtlError(f"no problem {args.slug!r}")
+    size = sum(e.size for e in entries)
+    changed = "unchanged" if row[1] == digest else f"was {row[1][:12] if row[1] else 'unset'}"
+    print(f"problem {args.slug} (#{row[0]}): test data {digest} ({len(entries)} files, {size} bytes; {changed})")
+    if row[1] != digest:
+        print(f"workers judge {args.slug} only with exactly this data, in <testdata>/{row[0]}/ (site.yml ships it); "
+              f"then: judgectl rejudge --problem {args.slug} --data-changed", file=sys.stderr)
+    return 0
+
+
 def cmd_submit(args, conn) -> int:
     if args.language not in leases.LANGUAGES:
         raise CtlError(f"unknown language {args.language!r} (choose from {', '.join(sorted(leases.LANGUAGES))})")
@@ -158,6 +198,22 @@ def cmd_submit(args, conn) -> int:
 
 
 def cmd_rejudge(args, conn) -> int:
+    if args.data_changed:
+        if not args.problem or args.submission_ids:
+            raise CtlError("--data-changed goes with --problem SLUG and no submission ids")
+        row = conn.execute(OPS.find_problem_digest, {"slug": args.problem}).fetchone()
+        if row is None:
+            raise CtlError(f"no problem {args.problem!r}")
+        if row[0] is None:
+            raise CtlError(f"problem {args.problem!r} has no test-data digest yet: set it with "
+                           "'judgectl problem data' first")
+        ids = [r[0] for r in conn.execute(OPS.judged_with_other_data, {"slug": args.problem}).fetchall()]
+        if not ids:
+            print(f"nothing to rejudge: every decided submission of {args.problem} was judged with {row[0][:12]}")
+            return 0
+        args.submission_ids = ids
+    elif args.problem or not args.submission_ids:
+        raise CtlError("give submission ids, or --problem SLUG --data-changed")
     moved = dict(leases.rejudge(conn, args.submission_ids))
     missing = [sid for sid in args.submission_ids if sid not in moved]
     for sid, gen in moved.items():
@@ -388,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--comparer", help="tokens | lines | float:abs=A,rel=R | checker")
     ps.add_argument("--checker", help="the problem's checker (C++ source); implies --comparer checker")
     ps.set_defaults(func=cmd_problem_set)
+    pd = psub.add_parser("data", help="record the digest of a problem's test data (a directory or a tar of one)")
+    pd.add_argument("slug")
+    pd.add_argument("source", help="the test data: DIR or ARCHIVE (.tar, .tar.gz)")
+    pd.set_defaults(func=cmd_problem_data)
 
     p = sub.add_parser("submit", help="submit a solution (prints the submission id)")
     p.add_argument("--user", required=True)
@@ -397,7 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("rejudge", help="send terminal submissions back to the queue with a new generation")
-    p.add_argument("submission_ids", nargs="+", type=int)
+    p.add_argument("submission_ids", nargs="*", type=int)
+    p.add_argument("--problem", help="with --data-changed: the problem's slug")
+    p.add_argument("--data-changed", action="store_true",
+                   help="rejudge exactly the problem's submissions judged with other test data than its digest now")
     p.set_defaults(func=cmd_rejudge)
 
     p = sub.add_parser("status", help="queue, leases in flight, workers")

@@ -43,6 +43,7 @@ class Lease:
     memory_limit_kb: int
     comparer: str = "tokens"
     checker_sha256: str | None = None
+    data_digest: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class Lease:
                 "memory_limit_kb": self.memory_limit_kb,
                 "comparer": self.comparer,
                 "checker_sha256": self.checker_sha256,
+                "data_digest": self.data_digest,
             },
             "language": self.language,
             "source": self.source,
@@ -85,6 +87,7 @@ def _lease_from_row(row: dict[str, Any]) -> Lease:
         memory_limit_kb=row["memory_limit_kb"],
         comparer=row["comparer"],
         checker_sha256=row["checker_sha256"],
+        data_digest=row["data_digest"],
     )
 
 
@@ -293,6 +296,7 @@ def record_result(
     time_ms: int | None = None,
     memory_kb: int | None = None,
     detail: dict[str, Any] | None = None,
+    data_digest: str | None = None,
 ) -> ResultRecord:
     """judging -> verdict under this token; a repeat of the same token answers as the first time."""
     if verdict not in VERDICTS:
@@ -311,6 +315,7 @@ def record_result(
                 "time_ms": time_ms,
                 "memory_kb": memory_kb,
                 "detail": Jsonb(detail or {}),
+                "data_digest": data_digest,
             },
         ).fetchone()
     if decided:

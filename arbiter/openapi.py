@@ -75,7 +75,10 @@ SPEC = {
                                                             "tokens | lines | float:abs=A,rel=R | checker"},
                                                "checker_sha256": {"type": ["string", "null"], "description":
                                                                   "SHA-256 of the problem's checker.cpp "
-                                                                  "(comparer checker)"}}},
+                                                                  "(comparer checker)"},
+                                               "data_digest": {"type": ["string", "null"], "description":
+                                                               "the test data to judge with (worker/testdata.py); "
+                                                               "null: the worker's own copy"}}},
                     "language": {"type": "string", "enum": sorted(LANGUAGES)},
                     "source": {"type": "string"},
                     "attempt": {"type": "integer"},
@@ -94,6 +97,8 @@ SPEC = {
                     "time_ms": {"type": "integer", "minimum": 0, "maximum": 2147483647},
                     "memory_kb": {"type": "integer", "minimum": 0, "maximum": 2147483647},
                     "detail": {"type": "object"},
+                    "data_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                                    "description": "the digest of the test data judged with"},
                 },
             },
             "ResultResponse": {"type": "object", "required": ["submission_id", "verdict", "status"],

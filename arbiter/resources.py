@@ -27,6 +27,7 @@ from .metrics import METRICS
 
 log = logging.getLogger("arbiter.http")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # matched whole (fullmatch): no trailing newline
+DIGEST = re.compile(r"[0-9a-f]{64}")  # a test-data digest (worker/testdata.py), matched whole
 # A worker's body nests 3-4 levels (detail.tests[i].field); anything deeper is refused before any
 # code recurses over it.
 MAX_JSON_DEPTH = 32
@@ -293,13 +294,16 @@ class Result(_Base):
         time_ms = _field(body, "time_ms", int, required=False)
         memory_kb = _field(body, "memory_kb", int, required=False)
         detail = _field(body, "detail", dict, required=False, default={})
+        data_digest = _field(body, "data_digest", str, required=False)
+        if data_digest is not None and not DIGEST.fullmatch(data_digest):
+            raise falcon.HTTPBadRequest(title="malformed request", description="data_digest must be 64 hex digits")
         for name, value in (("time_ms", time_ms), ("memory_kb", memory_kb)):
             if value is not None and not 0 <= value < 2**31:
                 raise falcon.HTTPBadRequest(title="malformed request", description=f"{name} out of range")
         worker = req.context.worker
         record = await self.db(leases.record_result, worker_id=worker.worker_id, submission_id=submission_id,
                                lease_token=token, verdict=verdict, time_ms=time_ms, memory_kb=memory_kb,
-                               detail=detail)
+                               detail=detail, data_digest=data_digest)
         METRICS.inc("arbiter_results_total", outcome=record.outcome.value)
         if record.outcome not in (WriteOutcome.ACCEPTED, WriteOutcome.DUPLICATE):
             log.info("result refused", extra={"submission_id": submission_id, "worker_id": worker.worker_id,

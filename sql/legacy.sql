@@ -29,7 +29,7 @@ WHERE s.id = (SELECT id FROM submissions
               ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
   AND s.status = 'pending' AND p.id = s.problem_id
 RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,
-          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256;
+          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest;
 
 -- name: claim_oldest_pending
 -- Canaries first (a handful at most: see docs/architecture.md, "Canaries"), then the oldest real
@@ -49,7 +49,7 @@ SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_atte
 FROM candidate, problems p
 WHERE s.id = candidate.id AND s.status = 'pending' AND p.id = s.problem_id
 RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,
-          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256;
+          s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest;
 
 -- name: note_claim
 WITH node AS (
@@ -68,8 +68,8 @@ WITH decided AS (
     WHERE id = %(submission_id)s AND status = 'judging' AND worker_id = %(worker_id)s
     RETURNING id, user_id, problem_id, worker_id, canary_expect
 ), history AS (
-    INSERT INTO submission_judgings (submission_id, worker_id, verdict, time_ms, memory_kb, detail)
-    SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s FROM decided
+    INSERT INTO submission_judgings (submission_id, worker_id, verdict, time_ms, memory_kb, detail, data_digest)
+    SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, %(data_digest)s FROM decided
     RETURNING submission_id
 ), first_pass AS (
     INSERT INTO first_passes (user_id, problem_id, submission_id)

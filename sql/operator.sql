@@ -19,6 +19,26 @@ RETURNING id, comparer, checker_sha256;
 -- name: find_problem
 SELECT id FROM problems WHERE slug = %(slug)s;
 
+-- name: find_problem_digest
+SELECT data_digest FROM problems WHERE slug = %(slug)s;
+
+-- name: set_problem_data_digest
+UPDATE problems SET data_digest = %(data_digest)s WHERE slug = %(slug)s
+RETURNING id, (SELECT data_digest FROM problems WHERE slug = %(slug)s) AS previous;
+
+-- name: judged_with_other_data
+-- Decided submissions of a problem whose last judging used other test data than the problem's
+-- digest now (or an unknown one: judged before digests were kept). Never judged (a system_error
+-- after too many releases), compile errors (they never read test data) and canaries are left out.
+SELECT s.id
+FROM submissions s JOIN problems p ON p.id = s.problem_id
+WHERE p.slug = %(slug)s AND s.canary_expect IS NULL
+  AND s.status IN ('AC', 'WA', 'TLE', 'MLE', 'RE', 'OLE', 'system_error')
+  AND EXISTS (SELECT 1 FROM submission_judgings j WHERE j.submission_id = s.id)
+  AND (SELECT j.data_digest FROM submission_judgings j WHERE j.submission_id = s.id ORDER BY j.seq DESC LIMIT 1)
+      IS DISTINCT FROM p.data_digest
+ORDER BY s.id;
+
 -- name: ensure_user
 WITH inserted AS (
     INSERT INTO users (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING RETURNING id

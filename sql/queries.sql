@@ -48,7 +48,7 @@ WITH candidate AS (
 )
 SELECT leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, leased.language,
        leased.source, leased.lease_token, leased.lease_gen, leased.lease_expires_at,
-       leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256,
+       leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
        (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
 FROM leased JOIN problems p ON p.id = leased.problem_id;
 
@@ -101,14 +101,14 @@ WITH wanted AS (
 SELECT leased.worker_id, leased.request_id,
        leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, leased.language,
        leased.source, leased.lease_token, leased.lease_gen, leased.lease_expires_at,
-       leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256,
+       leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
        (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
 FROM leased JOIN problems p ON p.id = leased.problem_id;
 
 -- name: find_lease_grant
 -- read: the lease an earlier acquire with this request_id got, and whether it is still live.
 SELECT g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug, s.problem_id,
-       s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256,
+       s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
        (s.status = 'judging' AND s.lease_token = g.lease_token) AS live
 FROM lease_grants g
 JOIN submissions s ON s.id = g.submission_id
@@ -135,8 +135,9 @@ WITH decided AS (
     RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect
 ), history AS (
     INSERT INTO submission_judgings
-        (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by)
-    SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, lease_token, lease_gen, 'worker'
+        (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by, data_digest)
+    SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, lease_token, lease_gen, 'worker',
+           %(data_digest)s
     FROM decided
     RETURNING seq
 ), first_pass AS (

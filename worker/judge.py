@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .checker import CheckerBroken, Checkers, CheckerUnusable
 from .compare import Comparer, ComparerError, outputs_match, parse_comparer
+from .testdata import DigestCache
 from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile, storable_text
 
 # How much of a failed test's stderr goes into the verdict's detail (its end: a traceback's last lines).
@@ -50,9 +51,11 @@ class Verdict:
     time_ms: int = 0
     memory_kb: int = 0
     detail: dict = field(default_factory=dict)
+    data_digest: str | None = None  # the digest of the test data this verdict was judged with
 
     def as_result(self) -> dict:
-        return {"verdict": self.verdict, "time_ms": self.time_ms, "memory_kb": self.memory_kb, "detail": self.detail}
+        return {"verdict": self.verdict, "time_ms": self.time_ms, "memory_kb": self.memory_kb, "detail": self.detail,
+                "data_digest": self.data_digest}
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Job:
     memory_limit_kb: int
     comparer: str = "tokens"
     checker_sha256: str | None = None
+    # The test data to judge with (problems.data_digest); None: whatever this worker has.
+    data_digest: str | None = None
 
 
 def tokens_equal(expected_path: Path, actual_path: Path) -> bool:
@@ -116,6 +121,7 @@ class Judge:
         self.wall_factor = wall_factor
         self.max_processes = max_processes
         self.checkers = Checkers(sandbox, self.work_dir)
+        self.digests = DigestCache()
 
     def judge(self, job: Job, cancelled: threading.Event | None = None) -> Verdict:
         """The verdict of one submission. Raises CannotJudgeHere when this worker lacks what it needs
@@ -126,6 +132,17 @@ class Judge:
         tests, problem = find_tests(self.testdata_dir, job)
         if problem:
             raise CannotJudgeHere(problem)
+        data_digest = self.digests.digest(tests[0][0].parent)
+        if job.data_digest and data_digest != job.data_digest:
+            # Stale (or newer) data here: judging with it could give a wrong verdict. Another worker
+            # may have the right data; the operator sees the reason.
+            raise CannotJudgeHere(f"test data for problem {job.problem_id} here has digest {data_digest[:12]}, "
+                                  f"the problem's is {job.data_digest[:12]}")
+        verdict = self._judge(job, tests, cancelled)
+        verdict.data_digest = data_digest
+        return verdict
+
+    def _judge(self, job: Job, tests, cancelled: threading.Event) -> Verdict:
         try:
             comparer = parse_comparer(job.comparer)
         except ComparerError as exc:  # a comparer newer than this worker: another worker may know it

@@ -28,6 +28,7 @@ class Entry:
     time_ms: int | None = None
     memory_kb: int | None = None
     detail: dict = field(default_factory=dict)
+    data_digest: str | None = None  # the test data judged with (recorded in the history row)
     created_at: float = field(default_factory=time.time)
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -36,8 +37,11 @@ class Entry:
         return f"{int(self.created_at * 1000):015d}-{self.submission_id}-{self.entry_id}.json"
 
     def result_payload(self) -> dict:
-        return {"lease_token": self.lease_token, "verdict": self.verdict, "time_ms": self.time_ms,
-                "memory_kb": self.memory_kb, "detail": self.detail}
+        payload = {"lease_token": self.lease_token, "verdict": self.verdict, "time_ms": self.time_ms,
+                   "memory_kb": self.memory_kb, "detail": self.detail}
+        if self.data_digest:
+            payload["data_digest"] = self.data_digest
+        return payload
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -30,7 +30,7 @@ def job_from_lease(lease: dict) -> Job:
     return Job(submission_id=lease["submission_id"], problem_id=problem["id"], problem_slug=problem["slug"],
                language=lease["language"], source=lease["source"], time_limit_ms=problem["time_limit_ms"],
                memory_limit_kb=problem["memory_limit_kb"], comparer=problem.get("comparer", "tokens"),
-               checker_sha256=problem.get("checker_sha256"))
+               checker_sha256=problem.get("checker_sha256"), data_digest=problem.get("data_digest"))
 
 
 class Heartbeats(threading.Thread):
@@ -137,7 +137,7 @@ class ArbiterTransport:
     def entry_for(self, assignment: Assignment, verdict) -> Entry:
         return Entry(transport="arbiter", submission_id=assignment.job.submission_id, verdict=verdict.verdict,
                      lease_token=assignment.lease_token, lease_gen=assignment.lease_gen, time_ms=verdict.time_ms,
-                     memory_kb=verdict.memory_kb, detail=verdict.detail)
+                     memory_kb=verdict.memory_kb, detail=verdict.detail, data_digest=verdict.data_digest)
 
     def deliver(self, entry: Entry) -> str:
         """'delivered' | 'gone' | 'retry' | 'reject:<why>'"""

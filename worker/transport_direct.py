@@ -88,7 +88,7 @@ class DirectTransport:
         return Job(submission_id=row["submission_id"], problem_id=row["problem_id"], problem_slug=row["problem_slug"],
                    language=row["language"], source=row["source"], time_limit_ms=row["time_limit_ms"],
                    memory_limit_kb=row["memory_limit_kb"], comparer=row["comparer"],
-                   checker_sha256=row["checker_sha256"])
+                   checker_sha256=row["checker_sha256"], data_digest=row["data_digest"])
 
     def next_assignment(self, stopping: threading.Event) -> Assignment | None:
         try:
@@ -120,7 +120,8 @@ class DirectTransport:
 
     def entry_for(self, assignment: Assignment, verdict) -> Entry:
         return Entry(transport="direct", submission_id=assignment.job.submission_id, verdict=verdict.verdict,
-                     time_ms=verdict.time_ms, memory_kb=verdict.memory_kb, detail=verdict.detail)
+                     time_ms=verdict.time_ms, memory_kb=verdict.memory_kb, detail=verdict.detail,
+                     data_digest=verdict.data_digest)
 
     def deliver(self, entry: Entry) -> str:
         try:
@@ -129,14 +130,15 @@ class DirectTransport:
                 outcome = leases.record_result(conn, worker_id=self.config.worker_id,
                                                submission_id=entry.submission_id, lease_token=entry.lease_token,
                                                verdict=entry.verdict, time_ms=entry.time_ms,
-                                               memory_kb=entry.memory_kb, detail=entry.detail).outcome
+                                               memory_kb=entry.memory_kb, detail=entry.detail,
+                                               data_digest=entry.data_digest).outcome
                 return "delivered" if outcome in (leases.WriteOutcome.ACCEPTED, leases.WriteOutcome.DUPLICATE) \
                     else "gone"
             with conn.transaction():
                 decided = conn.execute(L.report_result, {
                     "submission_id": entry.submission_id, "worker_id": self.config.worker_id,
                     "verdict": entry.verdict, "time_ms": entry.time_ms, "memory_kb": entry.memory_kb,
-                    "detail": Jsonb(entry.detail)}).fetchone()[0]
+                    "detail": Jsonb(entry.detail), "data_digest": entry.data_digest}).fetchone()[0]
             return "delivered" if decided else "gone"
         except psycopg.errors.UndefinedColumn:
             return "reject:the schema has no lease columns (stage 1 rolled back); this lease result cannot be matched"

@@ -21,3 +21,5 @@ ALTER TABLE problems
     DROP CONSTRAINT problems_checker_has_its_digest,
     DROP COLUMN checker_sha256,
     DROP COLUMN comparer;
+ALTER TABLE submission_judgings DROP COLUMN data_digest;
+ALTER TABLE problems DROP COLUMN data_digest;

@@ -42,3 +42,9 @@ ALTER TABLE problems
         CHECK (comparer ~ '^(tokens|lines|checker|float:abs=[0-9.eE+-]+,rel=[0-9.eE+-]+)$'),
     ADD COLUMN checker_sha256 text CHECK (checker_sha256 ~ '^[0-9a-f]{64}$'),
     ADD CONSTRAINT problems_checker_has_its_digest CHECK ((comparer = 'checker') = (checker_sha256 IS NOT NULL));
+
+-- Test data as a fact of the database (worker/testdata.py): the digest of the problem's test data as
+-- set by judgectl problem data; a worker whose copy has another digest does not judge. Every history
+-- row records the digest it was judged with, so a change of the data finds what to rejudge.
+ALTER TABLE problems ADD COLUMN data_digest text CHECK (data_digest ~ '^[0-9a-f]{64}$');
+ALTER TABLE submission_judgings ADD COLUMN data_digest text CHECK (data_digest ~ '^[0-9a-f]{64}$');
