@@ -6,6 +6,7 @@ would be; the arbiter is a real gunicorn process.
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -129,3 +130,65 @@ def test_database_outage_keeps_the_watchdog_fed(own_cluster, arbiters, notify_so
         assert notify_socket.watchdog_pings_since(during) >= 2
     finally:
         own_cluster.start()
+
+
+def _exposure(unit: str) -> float:
+    result = subprocess.run(["systemd-analyze", "security", "--offline=true", str(UNITS / unit)],
+                            capture_output=True, text=True, timeout=60)
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout + result.stderr)
+    assert match, result.stdout[-2000:] + result.stderr[-2000:]
+    return float(match.group(1))
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
+def test_unit_exposure_scores():
+    """systemd's own measure of what each unit may do: the arbiter ≤ 2.0, the worker host ≤ 4.0."""
+    assert _exposure("judge-arbiter.service") <= 2.0
+    assert _exposure("judge-worker-supervisord.service") <= 4.0
+
+
+SANDBOX_PROBE = """
+import sys, shutil, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from procs import sandbox_work_dir, write_testdata
+from programs import APLUSB_TESTS, PROGRAMS
+from worker.judge import Job, Judge
+from worker.sandbox import Sandbox
+root = Path(tempfile.mkdtemp())
+write_testdata(root / "td", 1, APLUSB_TESTS)
+work = sandbox_work_dir()
+sandbox = Sandbox(uid=65534, gid=65534)
+try:
+    sandbox.self_test(work / "selftest")
+    verdicts = [Judge(sandbox, root / "td", work).judge(Job(i, 1, "p1", lang, PROGRAMS[lang][v], 2000, 131072)).verdict
+                for i, (lang, v) in enumerate([("c", "AC"), ("python3", "AC"), ("python3", "WA"), ("cpp", "RE")])]
+    print(" ".join(verdicts))
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+"""
+
+
+def _unit_capabilities(unit: str) -> list[str]:
+    line = next(l for l in (UNITS / unit).read_text().splitlines() if l.startswith("CapabilityBoundingSet="))
+    return [cap.removeprefix("CAP_").lower() for cap in line.partition("=")[2].split()]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv missing")
+def test_the_sandbox_needs_no_capability_beyond_the_worker_units_bounding_set():
+    """The worker host unit keeps only CapabilityBoundingSet's capabilities: the sandbox works with
+    exactly those (judged under setpriv with that bounding set), and not with one fewer."""
+    caps = _unit_capabilities("judge-worker-supervisord.service")
+    assert "sys_admin" not in caps and len(caps) <= 8, caps
+
+    def probe(capabilities):
+        bounding = "-all," + ",".join(f"+{c}" for c in capabilities)
+        return subprocess.run(["setpriv", "--bounding-set", bounding, "--", sys.executable, "-c", SANDBOX_PROBE,
+                               str(Path(__file__).resolve().parent)], capture_output=True, text=True, timeout=300)
+
+    result = probe(caps)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["AC", "AC", "WA", "RE"], result.stdout + result.stderr[-2000:]
+    without_setuid = probe([c for c in caps if c != "setuid"])
+    assert without_setuid.returncode != 0, "the bounding set is not what the probe ran under"
