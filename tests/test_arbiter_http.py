@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 
-from arbiter import leases
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
 from worker.http_client import ArbiterClient

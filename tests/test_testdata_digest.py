@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 
 from arbiter import leases
 from procs import aplusb_site, wait_for, write_testdata
@@ -125,3 +126,34 @@ def _add(db, worker_id):
 
     with db.connect() as conn:
         return add_worker(conn, worker_id)
+
+
+def test_a_worker_without_the_right_data_steps_aside_instead_of_using_up_the_releases(db, arbiters, workers,
+                                                                                      tmp_path):
+    """Default max_releases (5): a stale worker alone must not turn a submission into system_error in a
+    blink by taking it back again and again; a worker with the right data, arriving seconds later, judges it."""
+    site = aplusb_site(db, tmp_path)
+    new_dir = write_testdata(tmp_path / "new", site.problem, NEW_TESTS)
+    assert judgectl(db, "problem", "data", "aplusb", str(new_dir)).returncode == 0
+    a = arbiters.start(db.dsn)
+    stale = workers("home-1", "home", "arbiter", site.testdata, arbiter_urls=[a.url], credential=site.cred,
+                    **FAST).start()
+    with db.connect() as conn:
+        sid = leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["AC"])
+
+        def releases():
+            return conn.execute("SELECT status, lease_releases FROM submissions WHERE id = %s", (sid,)).fetchone()
+
+        wait_for(lambda: releases()[1] >= 1, 30, interval=0.1, what="the stale worker's first hand-back")
+        time.sleep(3)  # what the stale worker does meanwhile is the point: it must not ask again and again
+        status, count = releases()
+        assert status in ("pending", "judging") and count <= 3, (status, count)
+        assert "stepping aside" in stale.log_text()
+        current = tmp_path / "current"
+        shutil.copytree(new_dir, current / str(site.problem))
+        workers("home-2", "home", "arbiter", current, arbiter_urls=[a.url], credential=_add(db, "home-2"),
+                **FAST).start()
+        wait_for(lambda: releases()[0] not in ("pending", "judging"), 60, interval=0.2, what="a verdict")
+        assert releases()[0] == "AC"
+        assert conn.execute("SELECT worker_id FROM submission_judgings WHERE submission_id = %s",
+                            (sid,)).fetchall() == [("home-2",)]

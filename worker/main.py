@@ -20,7 +20,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 
 from arbiter import logs
 
@@ -32,6 +31,10 @@ from .outbox import Outbox
 from .sandbox import Sandbox, SandboxFailure, SandboxUnavailable
 
 log = logging.getLogger("worker")
+
+# Stepping aside after a hand-back: 1, 2, 4 ... 30 s (±20 %), back to 1 s after a judging.
+STEP_ASIDE_INITIAL_SECS = 1.0
+STEP_ASIDE_MAX_SECS = 30.0
 
 
 def make_transport(cfg):
@@ -61,6 +64,11 @@ class Worker:
         self.sandbox_failed = False  # take no work until the self-test passes again
         self.sandbox_retry_delays = (1.0, 3.0)  # judging again after a sandbox failure
         self._self_test_backoff = Backoff(cfg.backoff_initial_secs, 60.0)
+        # After handing back a submission it cannot judge (stale or missing test data, a checker of
+        # another digest), the worker steps aside for a while before it asks again: a parked worker
+        # that has what it takes gets the submission meanwhile, and a worker that lacks it cannot
+        # use up the submission's releases (max_releases) in a fraction of a second.
+        self._step_aside = Backoff(STEP_ASIDE_INITIAL_SECS, STEP_ASIDE_MAX_SECS)
 
     # -- outbox ---------------------------------------------------------------------
     def _transport_for(self, entry):
@@ -171,6 +179,9 @@ class Worker:
             except CannotJudgeHere as exc:
                 if assignment.lease_token is not None:
                     self._hand_back(assignment, keepalive, "cannot judge this submission here", str(exc))
+                    delay = self._step_aside.next_delay()
+                    log.info("stepping aside before asking for work again", extra={"delay_secs": round(delay, 2)})
+                    self.stopping.wait(delay)
                     return True
                 log.error("cannot judge this submission here; reporting system_error",
                           extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})
@@ -186,6 +197,7 @@ class Worker:
         self.outbox.put(self.transport.entry_for(assignment, verdict))
         faults.after_outbox_write()
         self.judged += 1
+        self._step_aside.reset()
         log.info("judged", extra={"submission_id": job.submission_id, "verdict": verdict.verdict,
                                   "time_ms": verdict.time_ms, "memory_kb": verdict.memory_kb})
         self.deliver_outbox()
