@@ -55,7 +55,8 @@ SPEC = {
                     "request_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
                                    "description": "reuse across retries of one attempt: a retry gets the same lease"},
                     "languages": {"type": "array", "items": {"type": "string", "enum": sorted(LANGUAGES)}},
-                    "wait_secs": {"type": "number", "minimum": 0, "maximum": "__LONG_POLL_MAX__"},
+                    "wait_secs": {"type": "number", "minimum": 0,
+                                  "description": "at most long_poll_max_secs is waited; a longer wait is served as that"},
                 },
             },
             "Lease": {
@@ -199,5 +200,6 @@ def build_spec(settings) -> dict:
 
     spec = copy.deepcopy(SPEC)
     acquire = spec["components"]["schemas"]["AcquireRequest"]["properties"]
-    acquire["wait_secs"]["maximum"] = settings.long_poll_max_secs
+    acquire["wait_secs"]["description"] = (f"seconds to wait for work, at most {settings.long_poll_max_secs:g} "
+                                           "(a longer wait is served as that)")
     return spec

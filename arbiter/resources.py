@@ -173,9 +173,11 @@ class Acquire(_Base):
                                                  description=f"languages must be among {sorted(leases.LANGUAGES)}")
         languages = tuple(sorted(set(wanted) & set(worker.languages)))
         wait = _field(body, "wait_secs", float, required=False, default=self.settings.long_poll_max_secs)
-        if not 0 <= wait <= self.settings.long_poll_max_secs:
-            raise falcon.HTTPBadRequest(title="malformed request",
-                                        description=f"wait_secs must be between 0 and {self.settings.long_poll_max_secs}")
+        if not 0 <= wait < math.inf:
+            raise falcon.HTTPBadRequest(title="malformed request", description="wait_secs must be a number >= 0")
+        # A longer wait than this arbiter allows is served as its longest: a worker configured for a
+        # longer long-poll than the arbiter (a config mismatch) still gets work instead of 400 forever.
+        wait = min(wait, self.settings.long_poll_max_secs)
         earlier = await self.db(leases.find_grant, worker_id=worker.worker_id, request_id=request_id)
         if earlier is not None:
             state, lease = earlier

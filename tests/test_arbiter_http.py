@@ -82,6 +82,19 @@ def test_acquire_answers_204_after_the_long_poll_window(world):
     assert 0.9 <= box["secs"] < 3
 
 
+def test_a_longer_wait_than_the_arbiter_allows_is_served_as_its_longest(world):
+    """A worker configured for a longer long-poll than this arbiter allows gets work, not 400 forever."""
+    db, arbiters, creds = world
+    a = arbiters.start(db.dsn, long_poll_max_secs=1.0)
+    thread, box = park(client(a, creds["home-1"]), wait=25.0)
+    thread.join(10)
+    assert box["reply"].status == 204 and 0.9 <= box["secs"] < 3
+    for bad in (-1, "soon", [1]):
+        status, body = raw_post(a, "/v1/acquire", json.dumps({"request_id": "x", "wait_secs": bad}).encode(),
+                                creds["home-1"])
+        assert status == 400, (bad, status, body)
+
+
 def test_lease_result_duplicate_and_stale(world):
     db, arbiters, creds = world
     a = arbiters.start(db.dsn)
