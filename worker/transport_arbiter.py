@@ -109,6 +109,18 @@ class ArbiterTransport:
         self._request_id = None
         if reply.status == 410:
             return None
+        if reply.status == 429:
+            # This worker has its share of parked requests (earlier ones the arbiter still holds):
+            # a passing state, not a fault; wait as told.
+            try:
+                told = float(reply.headers.get("retry-after", "1"))
+            except ValueError:
+                told = 1.0
+            delay = self.backoff.next_delay(at_least=told)
+            log.warning("arbiter: too many parked requests of this worker; waiting",
+                        extra={"status": 429, "delay_secs": round(delay, 2)})
+            stopping.wait(delay)
+            return None
         log.error("acquire refused", extra={"status": reply.status,
                                             "title": (reply.body or {}).get("title")})
         stopping.wait(self.backoff.next_delay())
