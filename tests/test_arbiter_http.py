@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -417,3 +418,20 @@ def test_openapi_document_matches_the_routes(world):
     for path, resource in ROUTES:
         methods = {m[3:] for m in dir(resource) if m.startswith("on_")}
         assert methods == set(spec["paths"][template(path)]), path
+
+
+def test_a_worker_told_429_waits_as_told_and_logs_no_error(db, arbiters, workers, tmp_path):
+    from procs import aplusb_site, request_bytes
+
+    site = aplusb_site(db, tmp_path)
+    a = arbiters.start(db.dsn, max_parked_per_worker=1, long_poll_max_secs=10.0)
+    # The worker's one parking place is held by another connection with its credential.
+    held = socket.create_connection(("127.0.0.1", a.port))
+    held.sendall(request_bytes("/v1/acquire", {"request_id": "held", "wait_secs": 10}, site.cred))
+    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1, what="the place held")
+    w = workers("home-1", "home", "arbiter", site.testdata, arbiter_urls=[a.url], credential=site.cred,
+                long_poll_secs=5.0, backoff_initial_secs=0.2).start()
+    wait_for(lambda: "too many parked requests of this worker" in w.log_text(), 30, interval=0.2, what="a 429")
+    held.close()
+    assert "acquire refused" not in w.log_text()
+    assert '"level": "error"' not in w.log_text()
