@@ -52,6 +52,8 @@ ROUTES = [
     ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/heartbeat", resources.Heartbeat),
     ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/result", resources.Result),
     ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/release", resources.Release),
+    ("/v1/data/{digest}", resources.DataSet),
+    ("/v1/blobs/{sha256}", resources.Blob),
     ("/v1/status", resources.StatusJson),
     ("/status", resources.StatusPage),
     ("/healthz", resources.Healthz),

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from . import canary, credentials, dbroles, leases, migrations, status
+from . import canary, credentials, dbroles, leases, migrations, status, testblobs
 from .sqlfiles import Statements
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
@@ -145,38 +145,44 @@ def cmd_problem_set(args, conn) -> int:
 
 
 def cmd_problem_data(args, conn) -> int:
-    """The digest of a problem's test data (a directory, or a tar archive of one) into the database."""
+    """A problem's test data (a directory, or a tar archive of one) into the database: its content
+    (each file once, by its SHA-256) and its digest, which every worker then judges with."""
     source = Path(args.source)
-    try:
+    with tempfile.TemporaryDirectory(prefix="judgectl-data-") as scratch:
         if source.is_dir():
-            entries = testdata.manifest(source)
+            root = source
         elif source.is_file():
-            with tempfile.TemporaryDirectory(prefix="judgectl-data-") as scratch:
-                try:
-                    with tarfile.open(source) as archive:
-                        archive.extractall(scratch, filter="data")
-                except (tarfile.TarError, OSError) as exc:
-                    raise CtlError(f"{source}: not a readable tar archive of test data ({exc})") from None
-                root = Path(scratch)
-                inner = [p for p in root.iterdir()]
-                if len(inner) == 1 and inner[0].is_dir():  # an archive of the directory itself
-                    root = inner[0]
-                entries = testdata.manifest(root)
+            try:
+                with tarfile.open(source) as archive:
+                    archive.extractall(scratch, filter="data")
+            except (tarfile.TarError, OSError) as exc:
+                raise CtlError(f"{source}: not a readable tar archive of test data ({exc})") from None
+            root = Path(scratch)
+            inner = list(root.iterdir())
+            if len(inner) == 1 and inner[0].is_dir():  # an archive of the directory itself
+                root = inner[0]
         else:
             raise CtlError(f"{source}: no such directory or archive")
-    except OSError as exc:
-        raise CtlError(f"{source}: {exc.strerror}") from None
-    if not any(e.path.endswith(".in") for e in entries):
-        raise CtlError(f"{source}: no .in files: not a problem's test data")
-    digest = testdata.digest_of(entries)
+        try:
+            entries = testdata.manifest(root)
+        except OSError as exc:
+            raise CtlError(f"{source}: {exc.strerror}") from None
+        if not any(e.path.endswith(".in") for e in entries):
+            raise CtlError(f"{source}: no .in files: not a problem's test data")
+        if conn.execute(OPS.find_problem, {"slug": args.slug}).fetchone() is None:
+            raise CtlError(f"no problem {args.slug!r}")
+        digest = testdata.digest_of(entries)
+        try:
+            stored = testblobs.store_data_set(conn, root, digest, entries)
+        except (ValueError, OSError) as exc:
+            raise CtlError(f"{source}: {exc}") from None
     row = conn.execute(OPS.set_problem_data_digest, {"slug": args.slug, "data_digest": digest}).fetchone()
-    if row is None:
-        raise CtlError(f"no problem {args.slug!r}")
     size = sum(e.size for e in entries)
     changed = "unchanged" if row[1] == digest else f"was {row[1][:12] if row[1] else 'unset'}"
-    print(f"problem {args.slug} (#{row[0]}): test data {digest} ({len(entries)} files, {size} bytes; {changed})")
+    print(f"problem {args.slug} (#{row[0]}): test data {digest} ({len(entries)} files, {size} bytes, "
+          f"{stored} bytes stored now; {changed})")
     if row[1] != digest:
-        print(f"workers judge {args.slug} only with exactly this data, in <testdata>/{row[0]}/ (site.yml ships it); "
+        print(f"workers judge {args.slug} only with exactly this data (they fetch it from the arbiter); "
               f"then: judgectl rejudge --problem {args.slug} --data-changed", file=sys.stderr)
     return 0
 

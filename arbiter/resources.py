@@ -17,7 +17,7 @@ from typing import Any
 import falcon
 from psycopg.rows import dict_row
 
-from . import leases, probes, status
+from . import leases, probes, status, testblobs
 from .tickets import Overloaded, Stopping, Ticket, TooManyParked
 
 # Scope key under which arbiter/app.py's ClientGone puts "wait until this client disconnects".
@@ -157,6 +157,59 @@ class _Base:
 
 
 # -- worker API ------------------------------------------------------------------
+class DataSet(_Base):
+    """The files of a test-data set (by its digest): what a worker fetches to judge with it."""
+    auth = True
+
+    async def on_get(self, req, resp, digest: str):
+        if not DIGEST.fullmatch(digest):
+            raise falcon.HTTPBadRequest(title="malformed request", description="a data digest is 64 hex digits")
+        files = await self.db(testblobs.data_set, digest=digest)
+        if not files:
+            raise falcon.HTTPNotFound(title="unknown data set", description=f"no test data stored as {digest}")
+        _json(resp, falcon.HTTP_200, {"digest": digest, "files": files})
+
+
+class Blob(_Base):
+    """One stored test-data file by its SHA-256, streamed chunk by chunk; ``Range: bytes=N-`` resumes."""
+    auth = True
+
+    async def on_get(self, req, resp, sha256: str):
+        if not DIGEST.fullmatch(sha256):
+            raise falcon.HTTPBadRequest(title="malformed request", description="a file's sha256 is 64 hex digits")
+        size = await self.db(testblobs.blob_size, sha256=sha256)
+        if size is None:
+            raise falcon.HTTPNotFound(title="unknown file", description=f"no test-data file stored as {sha256}")
+        first, last = 0, size - 1
+        wanted = req.range  # (first, last), last -1 for "N-"; (-n, -1) for the last n bytes
+        if wanted is not None:
+            if req.range_unit != "bytes":
+                raise falcon.HTTPRangeNotSatisfiable(size)
+            first, last = wanted
+            if first < 0:
+                first, last = max(size + first, 0), size - 1
+            elif last < 0 or last >= size:
+                last = size - 1
+            if first >= size and size > 0 or first > last + 1:
+                raise falcon.HTTPRangeNotSatisfiable(size)
+            resp.status = falcon.HTTP_206
+            resp.set_header("Content-Range", f"bytes {first}-{last}/{size}")
+        resp.content_type = "application/octet-stream"
+        resp.set_header("Accept-Ranges", "bytes")
+        resp.content_length = max(last - first + 1, 0)
+        resp.stream = self._chunks(sha256, first, last + 1)
+
+    async def _chunks(self, sha256: str, start: int, end: int):
+        chunk = testblobs.CHUNK_BYTES
+        seq, skip = divmod(start, chunk)
+        position = start
+        while position < end:
+            data = await self.db(testblobs.blob_chunk, sha256=sha256, seq=seq)
+            piece = data[skip:skip + (end - position)]
+            yield piece
+            position += len(piece)
+            seq, skip = seq + 1, 0
+
 class Acquire(_Base):
     auth = True
 

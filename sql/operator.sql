@@ -158,3 +158,15 @@ WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S')
 -- name: grant_arbiter_privileges
 GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role};
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role};
+
+-- name: add_blob
+-- A test-data file's content, once (by its SHA-256): its chunks follow in the same transaction.
+INSERT INTO test_blobs (sha256, size) VALUES (%(sha256)s, %(size)s) ON CONFLICT (sha256) DO NOTHING
+RETURNING sha256;
+
+-- name: add_blob_chunk
+INSERT INTO test_blob_chunks (sha256, seq, data) VALUES (%(sha256)s, %(seq)s, %(data)s);
+
+-- name: add_data_file
+INSERT INTO test_data_files (digest, path, size, sha256) VALUES (%(digest)s, %(path)s, %(size)s, %(sha256)s)
+ON CONFLICT (digest, path) DO NOTHING;

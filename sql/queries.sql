@@ -428,3 +428,15 @@ DELETE FROM lease_grants WHERE submission_id = ANY(%(submission_ids)s);
 DELETE FROM submissions WHERE id = ANY(%(submission_ids)s)
   AND canary_expect IS NOT NULL AND status NOT IN ('pending', 'judging')
 RETURNING id;
+
+-- name: data_set_files
+-- read: the files of a test-data set (its digest), for a worker fetching it.
+SELECT path, size, sha256 FROM test_data_files WHERE digest = %(digest)s ORDER BY path;
+
+-- name: blob_size
+-- read: a stored test-data file's size (NULL: not stored).
+SELECT size FROM test_blobs WHERE sha256 = %(sha256)s;
+
+-- name: blob_chunk
+-- read: one chunk of a stored test-data file.
+SELECT data FROM test_blob_chunks WHERE sha256 = %(sha256)s AND seq = %(seq)s;

@@ -65,6 +65,13 @@ def test_judgectl_problem_data_from_a_directory_or_an_archive(db, tmp_path):
         assert conn.execute("SELECT data_digest FROM problems WHERE slug = 'aplusb'").fetchone() == (digest,)
 
 
+def withhold(db, digest: str) -> None:
+    """The data set's listing is not in the database (its content cannot be fetched from the arbiter,
+    as with data recorded elsewhere): a worker can judge only with a copy of its own."""
+    with db.connect() as conn:
+        conn.execute("DELETE FROM test_data_files WHERE digest = %s", (digest,))
+
+
 def _history(db):
     with db.connect() as conn:
         return conn.execute("SELECT submission_id, worker_id, verdict, data_digest FROM submission_judgings "
@@ -91,9 +98,10 @@ def test_stale_data_never_judges_and_data_changed_rejudges_exactly_what_used_oth
     new_dir = write_testdata(tmp_path / "new-testdata", site.problem, NEW_TESTS)
     new = testdata.directory_digest(new_dir)
     assert judgectl(db, "problem", "data", "aplusb", str(new_dir)).returncode == 0
+    withhold(db, new)
     with db.connect() as conn:
         fresh = leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["WA"])
-    wait_for(lambda: "test data for problem" in stale.log_text(), 30, interval=0.2,
+    wait_for(lambda: "cannot judge this submission here" in stale.log_text(), 30, interval=0.2,
              what="the stale worker to refuse the new submission")
     assert all(row[0] != fresh for row in _history(db)), "judged with stale data"
 
@@ -135,6 +143,7 @@ def test_a_worker_without_the_right_data_steps_aside_instead_of_using_up_the_rel
     site = aplusb_site(db, tmp_path)
     new_dir = write_testdata(tmp_path / "new", site.problem, NEW_TESTS)
     assert judgectl(db, "problem", "data", "aplusb", str(new_dir)).returncode == 0
+    withhold(db, testdata.directory_digest(new_dir))
     a = arbiters.start(db.dsn)
     stale = workers("home-1", "home", "arbiter", site.testdata, arbiter_urls=[a.url], credential=site.cred,
                     **FAST).start()

@@ -53,6 +53,8 @@ class WorkerConfig:
     # machine's trust store, never implied). http:// to anything but loopback needs allow_plaintext.
     tls_ca_file: str = ""
     allow_plaintext: bool = False
+    # The test-data cache (worker/datastore.py): files fetched from the arbiter, by content.
+    data_dir: Path | None = None
     dsn: str = ""
     heartbeat_interval_secs: float = 15.0
     long_poll_secs: float = 25.0
@@ -68,7 +70,7 @@ class WorkerConfig:
 
 _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "testdata_dir": str, "work_dir": str,
         "languages": list, "arbiter_urls": list, "credential_file": str, "dsn": str, "dsn_file": str,
-        "tls_ca_file": str, "allow_plaintext": bool,
+        "tls_ca_file": str, "allow_plaintext": bool, "data_dir": str,
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
         "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
         "legacy_idle_fresh_secs": float, "sandbox": dict}
@@ -191,5 +193,7 @@ def load(path: str | Path) -> WorkerConfig:
                         outbox_dir=Path(raw["outbox_dir"]), testdata_dir=testdata, work_dir=Path(raw["work_dir"]),
                         languages=languages, arbiter_urls=urls, credential=credential,
                         credential_file=credential_file, tls_ca_file=raw.get("tls_ca_file", ""),
-                        allow_plaintext=raw.get("allow_plaintext", False), dsn=dsn, sandbox=sandbox,
+                        allow_plaintext=raw.get("allow_plaintext", False),
+                        data_dir=Path(raw["data_dir"]) if raw.get("data_dir") else Path(raw["outbox_dir"]).parent / "data",
+                        dsn=dsn, sandbox=sandbox,
                         **values)

@@ -155,6 +155,50 @@ class ArbiterClient:
             return Reply(response.status, parsed if isinstance(parsed, dict) else None, reply_headers)
         raise Unreachable(last_error, retry_after)
 
+    def download(self, path: str, offset: int = 0, read_bytes: int = 65536):
+        """Stream a GET's body from ``offset`` on (``Range``), ``read_bytes`` at a time, from the first
+        arbiter that answers. Raises Unreachable on any failure (what arrived before stays the caller's)."""
+        headers = {"Authorization": f"Bearer {self.credential()}"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        last_error = "no arbiter tried"
+        order = self.urls[self._preferred:] + self.urls[: self._preferred]
+        for base in order:
+            parsed = urllib.parse.urlsplit(base)
+            if parsed.scheme == "https":
+                conn = http.client.HTTPSConnection(parsed.hostname, parsed.port, timeout=self.timeout,
+                                                   context=self.ssl_context)
+            else:
+                conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=self.timeout)
+            try:
+                try:
+                    conn.request("GET", path, headers=headers)
+                    response = conn.getresponse()
+                except (OSError, http.client.HTTPException) as exc:
+                    last_error = f"{base}: {type(exc).__name__}: {exc}"
+                    continue
+                if response.status not in (200, 206):
+                    last_error = f"{base}: {response.status}"
+                    response.read(4096)
+                    if response.status == 503:
+                        continue
+                    raise Unreachable(last_error)
+                skip = offset if response.status == 200 else 0  # a server that ignored the Range
+                try:
+                    while chunk := response.read(read_bytes):
+                        if skip:
+                            cut = min(skip, len(chunk))
+                            chunk, skip = chunk[cut:], skip - cut
+                            if not chunk:
+                                continue
+                        yield chunk
+                except (OSError, http.client.HTTPException) as exc:
+                    raise Unreachable(f"{base}: cut off: {type(exc).__name__}: {exc}") from None
+                return
+            finally:
+                conn.close()
+        raise Unreachable(last_error)
+
     # -- the protocol ----------------------------------------------------------
     def acquire(self, request_id: str, languages: list[str] | None, wait_secs: float) -> Reply:
         body = {"request_id": request_id, "wait_secs": wait_secs}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .checker import CheckerBroken, Checkers, CheckerUnusable
 from .compare import Comparer, ComparerError, outputs_match, parse_comparer
+from .datastore import DataStore, DataUnavailable
 from .testdata import DigestCache
 from .sandbox import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile, storable_text
 
@@ -98,6 +99,10 @@ def find_tests(testdata_dir: Path, job: Job) -> tuple[list[tuple[Path, Path]], s
             break
     else:
         return [], f"no test data for problem {job.problem_id} ({job.problem_slug}) under {testdata_dir}"
+    return tests_in(directory)
+
+
+def tests_in(directory: Path) -> tuple[list[tuple[Path, Path]], str | None]:
     inputs = sorted(directory.glob("*.in"), key=lambda p: (len(p.stem), p.stem))
     if not inputs:
         return [], f"test data directory {directory} has no .in files"
@@ -122,6 +127,8 @@ class Judge:
         self.max_processes = max_processes
         self.checkers = Checkers(sandbox, self.work_dir)
         self.digests = DigestCache()
+        # Where a data set the lease names comes from when this worker's copy differs (worker/datastore.py).
+        self.data_store: DataStore | None = None
 
     def judge(self, job: Job, cancelled: threading.Event | None = None) -> Verdict:
         """The verdict of one submission. Raises CannotJudgeHere when this worker lacks what it needs
@@ -130,14 +137,25 @@ class Judge:
         if job.language not in LANGUAGES:
             raise CannotJudgeHere(f"worker does not judge language {job.language!r}")
         tests, problem = find_tests(self.testdata_dir, job)
-        if problem:
-            raise CannotJudgeHere(problem)
-        data_digest = self.digests.digest(tests[0][0].parent)
+        data_digest = None if problem else self.digests.digest(tests[0][0].parent)
         if job.data_digest and data_digest != job.data_digest:
-            # Stale (or newer) data here: judging with it could give a wrong verdict. Another worker
-            # may have the right data; the operator sees the reason.
-            raise CannotJudgeHere(f"test data for problem {job.problem_id} here has digest {data_digest[:12]}, "
-                                  f"the problem's is {job.data_digest[:12]}")
+            # Stale, newer or missing data here: judging with it could give a wrong verdict. The data
+            # set the lease names is fetched (and verified) if this worker can; else another worker
+            # that has it judges, and the operator sees the reason.
+            if self.data_store is None:
+                raise CannotJudgeHere(problem or f"test data for problem {job.problem_id} here has digest "
+                                      f"{data_digest[:12]}, the problem's is {job.data_digest[:12]}")
+            try:
+                directory = self.data_store.ensure(job.problem_id, job.data_digest)
+            except DataUnavailable as exc:
+                raise CannotJudgeHere(str(exc)) from None
+            tests, problem = tests_in(directory)
+            data_digest = None if problem else self.digests.digest(directory)
+            if data_digest != job.data_digest:
+                raise CannotJudgeHere(problem or f"fetched test data {job.data_digest[:12]} lays out as "
+                                                 f"{(data_digest or '')[:12]}")
+        elif problem:
+            raise CannotJudgeHere(problem)
         verdict = self._judge(job, tests, cancelled)
         verdict.data_digest = data_digest
         return verdict

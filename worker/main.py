@@ -26,6 +26,7 @@ from arbiter import logs
 from . import config as config_mod
 from . import faults
 from .backoff import Backoff
+from .datastore import DataStore
 from .judge import CannotJudgeHere, Judge, JudgeCancelled, Verdict
 from .outbox import Outbox
 from .sandbox import Sandbox, SandboxFailure, SandboxUnavailable
@@ -59,6 +60,10 @@ class Worker:
                            wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes,
                            stderr_limit_kb=cfg.sandbox.stderr_limit_kb)
         self.transport = make_transport(cfg)
+        if cfg.transport == "arbiter":
+            # Test data the lease names and this worker lacks is fetched from the arbiter (the shipped
+            # directory serves as a pre-warmed cache); the legacy transport has no arbiter to ask.
+            self.judge.data_store = DataStore(cfg.data_dir, self.transport.client, prewarmed_dir=cfg.testdata_dir)
         self._fallback = None  # the other transport, for outbox entries written under it
         self.judged = 0
         self.sandbox_failed = False  # take no work until the self-test passes again

@@ -23,3 +23,6 @@ ALTER TABLE problems
     DROP COLUMN comparer;
 ALTER TABLE submission_judgings DROP COLUMN data_digest;
 ALTER TABLE problems DROP COLUMN data_digest;
+DROP TABLE test_data_files;
+DROP TABLE test_blob_chunks;
+DROP TABLE test_blobs;

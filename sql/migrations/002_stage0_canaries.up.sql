@@ -48,3 +48,26 @@ ALTER TABLE problems
 -- row records the digest it was judged with, so a change of the data finds what to rejudge.
 ALTER TABLE problems ADD COLUMN data_digest text CHECK (data_digest ~ '^[0-9a-f]{64}$');
 ALTER TABLE submission_judgings ADD COLUMN data_digest text CHECK (data_digest ~ '^[0-9a-f]{64}$');
+
+-- The content of test data, content-addressed: judgectl problem data stores each file once (by its
+-- SHA-256, in 1 MiB chunks) with the listing of every data set; the arbiter serves both to workers,
+-- chunk by chunk and resumable (arbiter/testblobs.py). In the database, not on one host's disk:
+-- every arbiter and every backup has it, and judgectl needs nothing but its connection.
+CREATE TABLE test_blobs (
+    sha256      text PRIMARY KEY CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    size        bigint NOT NULL CHECK (size >= 0),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE test_blob_chunks (
+    sha256  text NOT NULL REFERENCES test_blobs (sha256) ON DELETE CASCADE,
+    seq     integer NOT NULL CHECK (seq >= 0),
+    data    bytea NOT NULL,
+    PRIMARY KEY (sha256, seq)
+);
+CREATE TABLE test_data_files (
+    digest  text NOT NULL CHECK (digest ~ '^[0-9a-f]{64}$'),
+    path    text NOT NULL,
+    size    bigint NOT NULL,
+    sha256  text NOT NULL REFERENCES test_blobs (sha256),
+    PRIMARY KEY (digest, path)
+);

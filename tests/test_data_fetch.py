@@ -1,0 +1,175 @@
+"""Test data fetched from the arbiter: judgectl stores it in the database (each file once, by content),
+the arbiter serves a data set's listing and each file (streamed, resumable), the worker fetches what
+it lacks, verifies every file, reuses the shipped copy where it matches, and judges with exactly the
+data the lease names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from arbiter import leases
+from procs import aplusb_site, wait_for, write_testdata
+from programs import APLUSB_TESTS, PROGRAMS
+from worker import testdata
+from worker.datastore import DataStore, DataUnavailable
+from worker.http_client import ArbiterClient
+
+FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
+# A+B with one more test whose answer the old data gets wrong: judged with the old data this is AC,
+# with the new data WA (the program prints a+b except for this one input).
+NEW_TESTS = APLUSB_TESTS + [("7 7\n", "14\n")]
+SLY = "a, b = map(int, input().split())\nprint(0 if (a, b) == (7, 7) else a + b)\n"
+
+
+def judgectl(db, *args):
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def get(a, path, credential, headers=None):
+    req = urllib.request.Request(a.url + path, headers={"Authorization": f"Bearer {credential}", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def test_judgectl_stores_each_file_once_and_the_arbiter_serves_listing_and_ranges(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    d = write_testdata(tmp_path / "data", site.problem, NEW_TESTS)
+    big = d / "big.in"
+    big.write_bytes(os.urandom(3 * (1 << 20) + 12345))  # several chunks, the last one partial
+    first = judgectl(db, "problem", "data", "aplusb", str(d))
+    assert first.returncode == 0, first.stderr
+    again = judgectl(db, "problem", "data", "aplusb", str(d))
+    assert "0 bytes stored now; unchanged" in again.stdout, again.stdout
+    digest = testdata.directory_digest(d)
+    a = arbiters.start(db.dsn)
+    status, _, body = get(a, f"/v1/data/{digest}", site.cred)
+    listing = json.loads(body)
+    assert status == 200 and [f["path"] for f in listing["files"]] == sorted(p.name for p in d.iterdir())
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    status, headers, body = get(a, f"/v1/blobs/{sha}", site.cred)
+    assert status == 200 and body == big.read_bytes() and headers["accept-ranges"] == "bytes"
+    offset = (1 << 20) + 7
+    status, headers, body = get(a, f"/v1/blobs/{sha}", site.cred, {"Range": f"bytes={offset}-"})
+    assert status == 206 and body == big.read_bytes()[offset:]
+    assert headers["content-range"] == f"bytes {offset}-{big.stat().st_size - 1}/{big.stat().st_size}"
+    assert get(a, f"/v1/blobs/{sha}", site.cred, {"Range": "bytes=-10"})[2] == big.read_bytes()[-10:]
+    assert get(a, f"/v1/blobs/{sha}", site.cred, {"Range": f"bytes={big.stat().st_size + 5}-"})[0] == 416
+    assert get(a, f"/v1/blobs/{'0' * 64}", site.cred)[0] == 404
+    assert get(a, f"/v1/data/{'0' * 64}", site.cred)[0] == 404
+    assert get(a, "/v1/blobs/not-a-digest", site.cred)[0] == 400
+    assert get(a, f"/v1/blobs/{sha}", "home-1.wrong")[0] == 401
+
+
+def test_a_worker_without_the_data_or_with_stale_data_fetches_it_and_judges_with_it(db, arbiters, workers, tmp_path):
+    site = aplusb_site(db, tmp_path)  # home-1's shipped copy is the old data (APLUSB_TESTS)
+    new_dir = write_testdata(tmp_path / "new", site.problem, NEW_TESTS)
+    assert judgectl(db, "problem", "data", "aplusb", str(new_dir)).returncode == 0
+    a = arbiters.start(db.dsn)
+    w = workers("home-1", "home", "arbiter", site.testdata, arbiter_urls=[a.url], credential=site.cred,
+                **FAST).start()
+    with db.connect() as conn:
+        sly = leases.submit(conn, site.user, site.problem, "python3", SLY)
+        right = leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["AC"])
+
+        def status(sid):
+            return conn.execute("SELECT status FROM submissions WHERE id = %s", (sid,)).fetchone()[0]
+
+        wait_for(lambda: status(sly) not in ("pending", "judging") and status(right) not in ("pending", "judging"),
+                 60, interval=0.2, what="both judged")
+        assert (status(sly), status(right)) == ("WA", "AC"), "judged with the old data"
+        digests = {r[0] for r in conn.execute("SELECT data_digest FROM submission_judgings")}
+    assert digests == {testdata.directory_digest(new_dir)}
+    log = w.log_text()
+    # The files the shipped copy has with the same content were not downloaded: only the new test.
+    assert log.count("test file fetched") == 2, log  # 4.in and 4.out
+
+
+class _Client(ArbiterClient):
+    """Cuts every download after ``cut`` bytes, the way a dropped connection does."""
+
+    cut: int | None = None
+    offsets: list
+
+    def download(self, path, offset=0, read_bytes=65536):
+        self.offsets.append(offset)
+        sent = 0
+        for chunk in super().download(path, offset, read_bytes):
+            if self.cut is not None and sent + len(chunk) > self.cut:
+                yield chunk[: self.cut - sent]
+                from worker.http_client import Unreachable
+
+                raise Unreachable("connection dropped (test)")
+            sent += len(chunk)
+            yield chunk
+
+
+def test_a_cut_download_resumes_where_it_stopped_and_a_bad_file_is_never_kept(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    d = write_testdata(tmp_path / "data", site.problem, [("1 2\n", "3\n")])
+    payload = os.urandom(5 * (1 << 20))
+    (d / "2.in").write_bytes(payload)
+    (d / "2.out").write_text("x\n")
+    assert judgectl(db, "problem", "data", "aplusb", str(d)).returncode == 0
+    digest = testdata.directory_digest(d)
+    a = arbiters.start(db.dsn)
+    client = _Client([a.url], site.cred, timeout=10)
+    client.offsets, client.cut = [], 2 * (1 << 20) + 99
+    store = DataStore(tmp_path / "cache", client)
+    with pytest.raises(DataUnavailable, match="kept to resume"):
+        store.ensure(site.problem, digest)
+    client.cut = None
+    directory = store.ensure(site.problem, digest)
+    assert (directory / "2.in").read_bytes() == payload
+    assert 2 * (1 << 20) + 99 in client.offsets, f"the second try did not resume: {client.offsets}"
+    assert testdata.directory_digest(directory) == digest
+    # A partial file that does not verify is thrown away, never laid out.
+    sha = hashlib.sha256(payload).hexdigest()
+    other = DataStore(tmp_path / "cache2", _Client([a.url], site.cred, timeout=10))
+    other.client.offsets, other.client.cut = [], None
+    (tmp_path / "cache2" / "blobs").mkdir(parents=True)
+    (tmp_path / "cache2" / "blobs" / f"{sha}.part").write_bytes(b"garbage" * 1000)
+    with pytest.raises(DataUnavailable, match="does not verify"):
+        other.ensure(site.problem, digest)
+    assert not (tmp_path / "cache2" / "blobs" / f"{sha}.part").exists()
+    assert (other.ensure(site.problem, digest) / "2.in").read_bytes() == payload
+
+
+FETCH_RSS = """
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from worker.datastore import DataStore
+from worker.http_client import ArbiterClient
+store = DataStore(Path(sys.argv[2]), ArbiterClient([sys.argv[3]], sys.argv[4], timeout=30))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+store.ensure(int(sys.argv[5]), sys.argv[6])
+print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_fetching_a_large_file_keeps_the_workers_memory_flat(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    d = write_testdata(tmp_path / "data", site.problem, [("1 2\n", "3\n")])
+    size = 160 * (1 << 20)
+    with open(d / "huge.in", "wb") as f:
+        for _ in range(size // (1 << 20)):
+            f.write(os.urandom(1 << 20))
+    assert judgectl(db, "problem", "data", "aplusb", str(d)).returncode == 0
+    a = arbiters.start(db.dsn)
+    result = subprocess.run([sys.executable, "-c", FETCH_RSS, os.path.dirname(__file__), str(tmp_path / "cache"),
+                             a.url, site.cred, str(site.problem), testdata.directory_digest(d)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    before_kb, after_kb = map(int, result.stdout.split())
+    assert after_kb - before_kb < 32 * 1024, f"fetching {size >> 20} MB grew the peak RSS by {(after_kb - before_kb) >> 10} MB"
