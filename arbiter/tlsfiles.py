@@ -8,6 +8,10 @@ and ``python -m arbiter.tlsfiles`` for an operator without a CA of their own.
 Idempotent: an existing CA is kept; a server certificate is issued again only when it is missing,
 does not cover the names asked for, was not signed by this CA, or expires within ``renew_days``
 (so re-running the same command is how it is renewed).
+
+Across hosts (the Ansible roles) the key never leaves the arbiter host: ``request`` there says
+"good" or makes the key (if absent) and prints a certificate signing request; ``sign`` on the
+controller, where the CA lives, turns it into a certificate for the names the controller decides.
 """
 
 from __future__ import annotations
@@ -48,10 +52,11 @@ def ensure_ca(directory: str | os.PathLike, common_name: str = "judge-arbiter si
               days: int = 3650) -> tuple[Path, bool]:
     """The CA in ``directory`` (ca.crt, ca.key 0600): created if absent. Returns (ca.crt, created)."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
     cert_path, key_path = d / CA_CERT, d / CA_KEY
     if cert_path.exists() and key_path.exists():
         return cert_path, False
+    os.chmod(d, 0o700)  # the CA's key is the one secret that signs for the arbiter
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = _now()
@@ -100,6 +105,54 @@ def _still_good(cert_path: Path, key_path: Path, ca_cert: x509.Certificate, name
     return set(_san(names)) <= present
 
 
+def _build_server_cert(public_key, names: list[str], ca_cert: x509.Certificate, ca_key, days: int) -> x509.Certificate:
+    now = _now()
+    return (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+            .issuer_name(ca_cert.subject).public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+
+
+def request(directory: str | os.PathLike, ca_cert_file: str | os.PathLike, names: list[str],
+            renew_days: int = 30, stem: str = "server") -> bytes | None:
+    """On the server's host: None when ``<stem>.crt`` is good (signed by the CA, covers the names, not
+    expiring within renew_days); else a CSR (PEM) for ``<stem>.key``, which is made (0600) if absent."""
+    d = Path(directory)
+    cert_path, key_path = d / f"{stem}.crt", d / f"{stem}.key"
+    ca_cert = x509.load_pem_x509_certificate(Path(ca_cert_file).read_bytes())
+    if _still_good(cert_path, key_path, ca_cert, names, renew_days):
+        return None
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except (OSError, ValueError):
+        key = ec.generate_private_key(ec.SECP256R1())
+        d.mkdir(parents=True, exist_ok=True)
+        _write_private(key_path, _key_pem(key))
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])).sign(key, hashes.SHA256()))
+    return csr.public_bytes(serialization.Encoding.PEM)
+
+
+def sign(ca_directory: str | os.PathLike, csr_pem: bytes, names: list[str], days: int = 397) -> bytes:
+    """On the controller: a certificate for ``names`` (not whatever the CSR asks for) on the CSR's key."""
+    if not names:
+        raise ValueError("a server certificate needs at least one name")
+    ca_dir = Path(ca_directory)
+    ca_cert = x509.load_pem_x509_certificate((ca_dir / CA_CERT).read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_dir / CA_KEY).read_bytes(), password=None)
+    csr = x509.load_pem_x509_csr(csr_pem)
+    if not csr.is_signature_valid:
+        raise ValueError("the certificate signing request's signature does not verify")
+    cert = _build_server_cert(csr.public_key(), names, ca_cert, ca_key, days)
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
 def issue_server_cert(ca_directory: str | os.PathLike, out_directory: str | os.PathLike, names: list[str],
                       days: int = 397, renew_days: int = 30, stem: str = "server") -> tuple[Path, Path, bool]:
     """``<stem>.crt`` and ``<stem>.key`` (0600) in ``out_directory`` for ``names`` (DNS names or IP
@@ -114,17 +167,7 @@ def issue_server_cert(ca_directory: str | os.PathLike, out_directory: str | os.P
     if _still_good(cert_path, key_path, ca_cert, names, renew_days):
         return cert_path, key_path, False
     key = ec.generate_private_key(ec.SECP256R1())
-    now = _now()
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = _build_server_cert(key.public_key(), names, ca_cert, ca_key, days)
     _write_private(key_path, _key_pem(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path, True
@@ -139,11 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ca", required=True, help="the CA's directory")
     p.add_argument("--out", required=True, help="where server.crt and server.key go")
     p.add_argument("names", nargs="+", help="DNS names and IP addresses workers use to reach the arbiter")
+    p = sub.add_parser("request", help="on the server's host: print 'good', or a CSR for DIR/server.key (made if absent)")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--ca-cert", required=True, help="the CA certificate the present certificate must chain to")
+    p.add_argument("--renew-days", type=int, default=30)
+    p.add_argument("names", nargs="+")
+    p = sub.add_parser("sign", help="on the controller: a CSR on stdin, the certificate for NAMES on stdout")
+    p.add_argument("--ca", required=True, help="the CA's directory")
+    p.add_argument("names", nargs="+")
     args = parser.parse_args(argv)
     try:
         if args.command == "ca":
             path, created = ensure_ca(args.dir)
             print(f"{'created' if created else 'kept'} CA {path}")
+        elif args.command == "request":
+            csr = request(args.dir, args.ca_cert, args.names, args.renew_days)
+            sys.stdout.write("good\n" if csr is None else csr.decode())
+        elif args.command == "sign":
+            sys.stdout.write(sign(args.ca, sys.stdin.buffer.read(), args.names).decode())
         else:
             cert, _, issued = issue_server_cert(args.ca, args.out, args.names)
             print(f"{'issued' if issued else 'kept'} {cert} for {', '.join(args.names)}")

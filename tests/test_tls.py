@@ -172,3 +172,23 @@ def test_tlsfiles_keeps_what_is_good_and_renews_what_is_not(tmp_path):
     tlsfiles.ensure_ca(tmp_path / "ca2")
     assert tlsfiles.issue_server_cert(tmp_path / "ca2", tmp_path / "srv", ["other.example"])[2] is True
     assert cert.read_bytes() != first
+
+
+def test_tlsfiles_request_and_sign_keep_the_key_on_its_host(tmp_path):
+    """The Ansible flow: the key is made where it is used; only a CSR and a certificate travel."""
+    tlsfiles.ensure_ca(tmp_path / "ca")
+    host = tmp_path / "host"
+    csr = tlsfiles.request(host, tmp_path / "ca" / "ca.crt", ["10.0.0.20", "arbiter-1"])
+    assert csr.startswith(b"-----BEGIN CERTIFICATE REQUEST-----")
+    key = (host / "server.key").read_bytes()
+    assert oct((host / "server.key").stat().st_mode & 0o777) == "0o600" and b"PRIVATE KEY" not in csr
+    cert = tlsfiles.sign(tmp_path / "ca", csr, ["10.0.0.20", "arbiter-1"])
+    (host / "server.crt").write_bytes(cert)
+    assert tlsfiles.request(host, tmp_path / "ca" / "ca.crt", ["10.0.0.20", "arbiter-1"]) is None
+    # Renewal: the same key, a new request.
+    assert tlsfiles.request(host, tmp_path / "ca" / "ca.crt", ["10.0.0.20"], renew_days=500) is not None
+    assert (host / "server.key").read_bytes() == key
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(host / "server.crt", host / "server.key")  # the certificate is on that key
+    with pytest.raises(ValueError):
+        tlsfiles.sign(tmp_path / "ca", b"garbage", ["x"])

@@ -46,21 +46,33 @@ def check_arbiter_node(arbiter, stage: int) -> None:
     assert dsn.mode == 0o600 and dsn.user == "judge-arbiter"
     conf = arbiter.file("/etc/judge-arbiter/arbiter.toml")
     assert conf.mode == 0o640 and "password=" not in conf.content_string, "the password lives in dsn only"
+    # HTTPS only, with a certificate of the site's CA whose key is the arbiter's alone.
+    assert 'tls_certfile = "/etc/judge-arbiter/tls/server.crt"' in conf.content_string
+    key = arbiter.file("/etc/judge-arbiter/tls/server.key")
+    assert key.mode == 0o600 and key.user == "judge-arbiter"
     ready = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
-        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5).status)"))
-    assert ready.stdout.strip() == "200", ready.stdout + ready.stderr
+        "import ssl, urllib.request\n"
+        "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
+        "print(urllib.request.urlopen('https://127.0.0.1:8080/readyz', timeout=5, context=ctx).status)\n"
+        "try:\n"
+        "    urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5)\n"
+        "    print('plaintext answered')\n"
+        "except Exception:\n"
+        "    print('no plaintext')\n"))
+    assert ready.stdout.splitlines() == ["200", "no plaintext"], ready.stdout + ready.stderr
     # The lab sets an operator token: /metrics answers only to it, even on loopback. The check reads
     # the token on the host itself, so it never crosses a command line.
     token = arbiter.file("/etc/judge-arbiter/operator-token")
     assert token.mode == 0o600 and token.user == "judge-arbiter"
     assert "operator_token_file" in conf.content_string
     metrics = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
-        "import urllib.request, urllib.error\n"
+        "import ssl, urllib.request, urllib.error\n"
+        "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
         "token = open('/etc/judge-arbiter/operator-token').read().strip()\n"
         "for headers in ({}, {'Authorization': 'Bearer ' + token}):\n"
         "    try:\n"
-        "        r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8080/metrics', headers=headers),"
-        " timeout=5)\n"
+        "        r = urllib.request.urlopen(urllib.request.Request('https://127.0.0.1:8080/metrics', headers=headers),"
+        " timeout=5, context=ctx)\n"
         "        print(r.status)\n"
         "    except urllib.error.HTTPError as e:\n"
         "        print(e.code)\n"))
@@ -77,6 +89,10 @@ def check_worker_node(node, worker: str, stage: int) -> None:
     credential, dsn = node.file("/etc/judge-worker/credential"), node.file("/etc/judge-worker/dsn")
     if stage >= 2:
         assert credential.exists and credential.mode == 0o600 and credential.user == "root"
+        assert node.file("/etc/judge-worker/ca.crt").exists
+        if transport == "arbiter":
+            assert 'arbiter_urls = ["https://' in config.content_string
+            assert 'tls_ca_file = "/etc/judge-worker/ca.crt"' in config.content_string
     else:
         assert not credential.exists
     if has_db_account(worker, stage):

@@ -242,12 +242,13 @@ REFUSED = re.compile(r'^arbiter_requests_total\{[^}]*status="401"[^}]*\} (\S+)$'
 
 def refused_by_arbiter(lab: Lab) -> float:
     """The arbiter's count of 401 answers, read on its host with the operator token (never on a command line)."""
-    node = lab.nodes()["arbiter"]
+    node = lab.nodes()["arbiter-1"]
     text = node.run("/usr/bin/python3 -c " + shlex.quote(
-        "import urllib.request\n"
+        "import ssl, urllib.request\n"
+        "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
         "token = open('/etc/judge-arbiter/operator-token').read().strip()\n"
-        "r = urllib.request.Request('http://127.0.0.1:8080/metrics', headers={'Authorization': 'Bearer ' + token})\n"
-        "print(urllib.request.urlopen(r, timeout=5).read().decode())\n"))
+        "r = urllib.request.Request('https://127.0.0.1:8080/metrics', headers={'Authorization': 'Bearer ' + token})\n"
+        "print(urllib.request.urlopen(r, timeout=5, context=ctx).read().decode())\n"))
     assert text.rc == 0, text.stderr
     return sum(float(v) for v in REFUSED.findall(text.stdout))
 
