@@ -124,7 +124,7 @@ def test_canaries_change_no_xp_no_first_pass_and_no_user_facing_count(db, transp
                 L = Statements("legacy.sql")
                 conn.execute("UPDATE submissions SET status = 'judging', worker_id = 'home-1' WHERE id = %s", (sid,))
                 conn.execute(L.report_result, {"submission_id": sid, "worker_id": "home-1", "verdict": "AC",
-                                               "time_ms": 1, "memory_kb": 1, "detail": "{}"})
+                                               "time_ms": 1, "memory_kb": 1, "detail": "{}", "data_digest": None})
             assert canary.outcome(conn, sid).status == "AC"
         assert site_counts(conn) == before
         assert conn.execute("SELECT xp FROM users WHERE id = %s", (user,)).fetchone() == (0,)
