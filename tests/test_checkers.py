@@ -7,6 +7,7 @@ checker that does not compile, a checker of another digest); the comparer travel
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 import subprocess
@@ -78,7 +79,10 @@ def judge(tmp_path_factory):
     work = sandbox_work_dir()
     sandbox = Sandbox(uid=65534, gid=65534)
     sandbox.self_test(work / "selftest")
-    yield Judge(sandbox, testdata, work, output_limit_kb=8192)
+    judge = Judge(sandbox, testdata, work, output_limit_kb=8192)
+    # The checker's own limits, shorter than the worker's 10 s so that the slow checker's test is quick.
+    judge.checkers.limits = dataclasses.replace(judge.checkers.limits, cpu_ms=1500, wall_ms=5000)
+    yield judge
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -66,6 +66,7 @@ class Checkers:
     def __init__(self, sandbox: Sandbox, work_dir: Path):
         self.sandbox = sandbox
         self.root = Path(work_dir) / "checkers"
+        self.limits = CHECKER_LIMITS
         self._lock = threading.Lock()
 
     def binary(self, tests_dir: Path, expected_sha256: str) -> Path:
@@ -124,12 +125,12 @@ class Checkers:
         err_path = scratch / "checker.err"
         try:
             result = self.sandbox.run(["./checker", "input", "output", "answer"], box=box, stdin=subprocess.DEVNULL,
-                                      stdout=scratch / "checker.out", stderr=err_path, limits=CHECKER_LIMITS,
+                                      stdout=scratch / "checker.out", stderr=err_path, limits=self.limits,
                                       cancelled=cancelled)
         finally:
             shutil.rmtree(box, ignore_errors=True)
         message = (result.stderr_tail or "").strip()[-MESSAGE_CHARS:]
-        if result.wall_timeout or result.cpu_ms > CHECKER_LIMITS.cpu_ms:
+        if result.wall_timeout or result.cpu_ms > self.limits.cpu_ms:
             return CheckerOutcome("system_error", f"checker exceeded its time limit; {message}".strip("; "))
         if result.signal is not None:
             return CheckerOutcome("system_error", f"checker killed by signal {result.signal}; {message}".strip("; "))
