@@ -172,6 +172,7 @@ def cmd_problem_data(args, conn) -> int:
         if conn.execute(OPS.find_problem, {"slug": args.slug}).fetchone() is None:
             raise CtlError(f"no problem {args.slug!r}")
         digest = testdata.digest_of(entries)
+        conn.execute(OPS.lock_test_data)
         try:
             stored = testblobs.store_data_set(conn, root, digest, entries)
         except (ValueError, OSError) as exc:
@@ -184,6 +185,22 @@ def cmd_problem_data(args, conn) -> int:
     if row[1] != digest:
         print(f"workers judge {args.slug} only with exactly this data (they fetch it from the arbiter); "
               f"then: judgectl rejudge --problem {args.slug} --data-changed", file=sys.stderr)
+    return 0
+
+
+def cmd_data_prune(args, conn) -> int:
+    """Remove the stored test data that no problem uses now (older versions), and the files only
+    they listed. The history keeps each judging's digest; only the content goes."""
+    conn.execute(OPS.lock_test_data)
+    unused = conn.execute(OPS.unused_data_sets).fetchall()
+    for digest, files, size in unused:
+        print(f"{'would remove' if args.dry_run else 'removing'} data set {digest} ({files} files, {size} bytes)")
+    if args.dry_run:
+        return 0
+    with conn.transaction():
+        conn.execute(OPS.prune_data_sets)
+        freed = [row[0] for row in conn.execute(OPS.prune_blobs).fetchall()]
+    print(f"removed {len(unused)} data set(s) and {len(freed)} file(s) no data set lists ({sum(freed)} bytes)")
     return 0
 
 
@@ -454,6 +471,12 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("slug")
     pd.add_argument("source", help="the test data: DIR or ARCHIVE (.tar, .tar.gz)")
     pd.set_defaults(func=cmd_problem_data)
+
+    p = sub.add_parser("data", help="stored test data")
+    tsub = p.add_subparsers(dest="data_command", required=True)
+    dp = tsub.add_parser("prune", help="remove stored test data no problem uses now (older versions)")
+    dp.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    dp.set_defaults(func=cmd_data_prune)
 
     p = sub.add_parser("submit", help="submit a solution (prints the submission id)")
     p.add_argument("--user", required=True)

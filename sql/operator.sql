@@ -170,3 +170,23 @@ INSERT INTO test_blob_chunks (sha256, seq, data) VALUES (%(sha256)s, %(seq)s, %(
 -- name: add_data_file
 INSERT INTO test_data_files (digest, path, size, sha256) VALUES (%(digest)s, %(path)s, %(size)s, %(sha256)s)
 ON CONFLICT (digest, path) DO NOTHING;
+
+-- name: lock_test_data
+-- One judgectl at a time stores or prunes test data (a prune must not take a file stored a moment
+-- ago whose listing is not written yet). Held for the session: judgectl's one connection.
+SELECT pg_advisory_lock(1247765620);
+
+-- name: unused_data_sets
+-- Data sets that are no problem's digest now (what `judgectl data prune` removes), with their size.
+SELECT f.digest, count(*) AS files, sum(f.size)::bigint AS bytes
+FROM test_data_files f
+WHERE NOT EXISTS (SELECT 1 FROM problems p WHERE p.data_digest = f.digest)
+GROUP BY f.digest ORDER BY f.digest;
+
+-- name: prune_data_sets
+DELETE FROM test_data_files f WHERE NOT EXISTS (SELECT 1 FROM problems p WHERE p.data_digest = f.digest);
+
+-- name: prune_blobs
+-- Files no data set lists any more (their chunks go with them).
+DELETE FROM test_blobs b WHERE NOT EXISTS (SELECT 1 FROM test_data_files f WHERE f.sha256 = b.sha256)
+RETURNING size;

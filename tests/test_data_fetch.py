@@ -173,3 +173,35 @@ def test_fetching_a_large_file_keeps_the_workers_memory_flat(db, arbiters, tmp_p
     assert result.returncode == 0, result.stderr[-2000:]
     before_kb, after_kb = map(int, result.stdout.split())
     assert after_kb - before_kb < 32 * 1024, f"fetching {size >> 20} MB grew the peak RSS by {(after_kb - before_kb) >> 10} MB"
+
+
+def test_data_prune_removes_only_what_no_problem_uses_now(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    old_dir = write_testdata(tmp_path / "old", site.problem, APLUSB_TESTS)
+    (old_dir / "only-old.in").write_text("old\n")
+    new_dir = write_testdata(tmp_path / "new", site.problem, NEW_TESTS)
+    assert judgectl(db, "problem", "data", "aplusb", str(old_dir)).returncode == 0
+    assert judgectl(db, "problem", "data", "aplusb", str(new_dir)).returncode == 0
+    old, new = testdata.directory_digest(old_dir), testdata.directory_digest(new_dir)
+
+    def stored():
+        with db.connect() as conn:
+            return (sorted(r[0] for r in conn.execute("SELECT DISTINCT digest FROM test_data_files")),
+                    conn.execute("SELECT count(*) FROM test_blobs").fetchone()[0],
+                    conn.execute("SELECT count(*) FROM test_blob_chunks").fetchone()[0])
+
+    before = stored()
+    assert before[0] == sorted([old, new]) and before[1] == 9  # 6 shared + 2 new + only-old.in
+    dry = judgectl(db, "data", "prune", "--dry-run")
+    assert dry.returncode == 0 and f"would remove data set {old}" in dry.stdout and new not in dry.stdout
+    assert stored() == before, "a dry run removed something"
+    pruned = judgectl(db, "data", "prune")
+    assert pruned.returncode == 0 and "removed 1 data set(s) and 1 file(s)" in pruned.stdout, pruned.stdout
+    digests, blobs, chunks = stored()
+    assert digests == [new] and blobs == 8 and chunks == 8
+    # What the problem uses now is whole: a worker fetches and verifies it.
+    a = arbiters.start(db.dsn)
+    store = DataStore(tmp_path / "cache", ArbiterClient([a.url], site.cred, timeout=10))
+    assert testdata.directory_digest(store.ensure(site.problem, new)) == new
+    with pytest.raises(DataUnavailable, match="404"):
+        store.ensure(site.problem, old)
