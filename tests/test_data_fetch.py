@@ -205,3 +205,28 @@ def test_data_prune_removes_only_what_no_problem_uses_now(db, arbiters, tmp_path
     assert testdata.directory_digest(store.ensure(site.problem, new)) == new
     with pytest.raises(DataUnavailable, match="404"):
         store.ensure(site.problem, old)
+
+
+def test_the_cache_keeps_to_its_size_evicting_the_sets_used_longest_ago(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    a = arbiters.start(db.dsn)
+    digests = []
+    for version in range(3):
+        d = write_testdata(tmp_path / f"v{version}", site.problem, [("1 2\n", "3\n")])
+        (d / "big.in").write_bytes(os.urandom(1 << 20))  # 1 MB of its own per version; 1.in/1.out shared
+        assert judgectl(db, "problem", "data", "aplusb", str(d)).returncode == 0
+        digests.append(testdata.directory_digest(d))
+    store = DataStore(tmp_path / "cache", ArbiterClient([a.url], site.cred, timeout=10), max_bytes=(2 << 20) + 100)
+    for digest in digests[:2]:
+        store.ensure(site.problem, digest)
+    store.ensure(site.problem, digests[0])  # used again: v1 is now the one used longest ago
+    store.ensure(site.problem, digests[2])
+    sets = sorted(p.name for p in (tmp_path / "cache" / "sets").iterdir())
+    assert sets == sorted([digests[0], digests[2]]), "the set used longest ago goes first"
+    blobs = list((tmp_path / "cache" / "blobs").iterdir())
+    assert len(blobs) == 4 and sum(b.stat().st_size for b in blobs) <= (2 << 20) + 100  # two bigs, 1.in, 1.out
+    for digest in (digests[0], digests[2]):
+        assert testdata.directory_digest(tmp_path / "cache" / "sets" / digest) == digest
+    tiny = DataStore(tmp_path / "tiny", ArbiterClient([a.url], site.cred, timeout=10), max_bytes=1)
+    assert testdata.directory_digest(tiny.ensure(site.problem, digests[1])) == digests[1], \
+        "the set just laid out stays, however small the cache"

@@ -55,6 +55,8 @@ class WorkerConfig:
     allow_plaintext: bool = False
     # The test-data cache (worker/datastore.py): files fetched from the arbiter, by content.
     data_dir: Path | None = None
+    # The cache's size: sets used longest ago are evicted beyond it (the one in use always stays).
+    data_cache_max_mb: int = 10240
     dsn: str = ""
     heartbeat_interval_secs: float = 15.0
     long_poll_secs: float = 25.0
@@ -70,7 +72,7 @@ class WorkerConfig:
 
 _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "testdata_dir": str, "work_dir": str,
         "languages": list, "arbiter_urls": list, "credential_file": str, "dsn": str, "dsn_file": str,
-        "tls_ca_file": str, "allow_plaintext": bool, "data_dir": str,
+        "tls_ca_file": str, "allow_plaintext": bool, "data_dir": str, "data_cache_max_mb": int,
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
         "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
         "legacy_idle_fresh_secs": float, "sandbox": dict}
@@ -153,6 +155,8 @@ def load(path: str | Path) -> WorkerConfig:
     for key, value in values.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0")
+    if raw.get("data_cache_max_mb", 1) <= 0:
+        raise ConfigError("data_cache_max_mb must be > 0")
     if values.get("long_poll_secs", 25) > 30:
         raise ConfigError("long_poll_secs must be at most 30 (the arbiter's long-poll limit)")
     credential = dsn = ""
@@ -195,5 +199,6 @@ def load(path: str | Path) -> WorkerConfig:
                         credential_file=credential_file, tls_ca_file=raw.get("tls_ca_file", ""),
                         allow_plaintext=raw.get("allow_plaintext", False),
                         data_dir=Path(raw["data_dir"]) if raw.get("data_dir") else Path(raw["outbox_dir"]).parent / "data",
+                        data_cache_max_mb=raw.get("data_cache_max_mb", 10240),
                         dsn=dsn, sandbox=sandbox,
                         **values)

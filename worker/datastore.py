@@ -6,7 +6,9 @@ renamed). A file comes from, in order: the cache; the directory Ansible shipped 
 used when its size and SHA-256 match); the arbiter (``GET /v1/blobs/<sha256>``), streamed to a
 ``.part`` file 64 KiB at a time and resumed from where a cut download stopped (``Range``). Every file's
 SHA-256 is checked before it enters the cache, so nothing unverified is ever judged with. Memory
-stays flat whatever the size of the data.
+stays flat whatever the size of the data. The cache keeps to ``max_bytes``: after a new set is laid
+out, the sets used longest ago go first, then every file no set links to any more (a blob whose
+link count is 1); the set just laid out always stays.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ def _safe_relative(path: str) -> bool:
 
 
 class DataStore:
-    def __init__(self, data_dir: Path, client: ArbiterClient, prewarmed_dir: Path | None = None):
+    def __init__(self, data_dir: Path, client: ArbiterClient, prewarmed_dir: Path | None = None,
+                 max_bytes: int = 10 << 30):
         self.root = Path(data_dir)
+        self.max_bytes = max_bytes
         self.blobs = self.root / "blobs"
         self.sets = self.root / "sets"
         self.client = client
@@ -57,16 +61,36 @@ class DataStore:
         if not _HEX64.fullmatch(digest or ""):
             raise DataUnavailable(f"not a data digest: {digest!r}")
         target = self.sets / digest
-        if target.is_dir():
-            return target
         with self._lock:
             if target.is_dir():
+                os.utime(target)  # used now: the last to be evicted
                 return target
             files = self._listing(digest)
             self.blobs.mkdir(parents=True, exist_ok=True)
             for entry in files:
                 self._obtain(problem_id, entry)
-            return self._lay_out(digest, files)
+            laid_out = self._lay_out(digest, files)
+            self._evict(keep=digest)
+            return laid_out
+
+    def _evict(self, keep: str) -> None:
+        def blob_bytes() -> int:
+            return sum(p.stat().st_size for p in self.blobs.iterdir() if p.is_file() and _HEX64.fullmatch(p.name))
+
+        total = blob_bytes()
+        if total <= self.max_bytes:
+            return
+        others = sorted((d for d in self.sets.iterdir() if d.is_dir() and d.name != keep and _HEX64.fullmatch(d.name)),
+                        key=lambda d: d.stat().st_mtime)
+        for old in others:
+            if total <= self.max_bytes:
+                break
+            shutil.rmtree(old)
+            for blob in list(self.blobs.iterdir()):
+                if _HEX64.fullmatch(blob.name) and blob.stat().st_nlink == 1:
+                    blob.unlink()
+            total = blob_bytes()
+            log.info("test data set evicted from the cache", extra={"digest": old.name, "cache_bytes": total})
 
     def _listing(self, digest: str) -> list[dict]:
         try:

@@ -63,7 +63,8 @@ class Worker:
         if cfg.transport == "arbiter":
             # Test data the lease names and this worker lacks is fetched from the arbiter (the shipped
             # directory serves as a pre-warmed cache); the legacy transport has no arbiter to ask.
-            self.judge.data_store = DataStore(cfg.data_dir, self.transport.client, prewarmed_dir=cfg.testdata_dir)
+            self.judge.data_store = DataStore(cfg.data_dir, self.transport.client, prewarmed_dir=cfg.testdata_dir,
+                                              max_bytes=cfg.data_cache_max_mb << 20)
         self._fallback = None  # the other transport, for outbox entries written under it
         self.judged = 0
         self.sandbox_failed = False  # take no work until the self-test passes again
