@@ -1,7 +1,6 @@
 """Scenario 5 over HTTP, as the seed's timeline: token A, stall, reclaim, token B to the same worker,
 A's result arrives late -> 410 and B's result stands."""
 
-import time
 
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for

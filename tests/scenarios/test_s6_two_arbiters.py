@@ -1,6 +1,5 @@
 """Scenario 6: two arbiters alive. Leader lock for efficiency, conditional writes for correctness."""
 
-import signal
 import time
 
 from checks import assert_each_submission_decided_once_by_its_last_lease
