@@ -25,6 +25,10 @@ from pathlib import Path
 import psycopg
 
 from . import credentials, devcluster, leases, migrations, serving, tlsfiles
+from .sqlfiles import Statements
+
+OPS = Statements("operator.sql")
+LAB = Statements("lab.sql")
 
 APLUSB = [("1 2\n", "3\n"), ("10 20\n", "30\n"), ("-5 5\n", "0\n")]
 REVERSE = [("abc\n", "cba\n"), ("racecar\n", "racecar\n")]
@@ -103,18 +107,19 @@ class Lab:
             migrations.migrate(conn)
             problems = {}
             for slug, cases in (("aplusb", APLUSB), ("reverse", REVERSE)):
-                pid = conn.execute("INSERT INTO problems (slug, title, memory_limit_kb) VALUES (%s, %s, 131072) "
-                                   "RETURNING id", (slug, slug)).fetchone()[0]
+                pid = conn.execute(OPS.add_problem, {"slug": slug, "title": slug, "xp_reward": 10, "time_limit_ms": 1000,
+                                                     "memory_limit_kb": 131072, "comparer": "tokens",
+                                                     "checker_sha256": None}).fetchone()[0]
                 problems[slug] = pid
                 _write_testdata(testdata, pid, cases)
             self.creds = {}
             for wid in ("home-1", "home-2", "prod-1"):
                 secret = credentials.new_secret()
-                conn.execute("INSERT INTO workers (worker_id, kind, secret_sha256) VALUES (%s, %s, %s)",
-                             (wid, "production" if wid.startswith("prod") else "home", credentials.hash_secret(secret)))
+                conn.execute(OPS.add_worker, {"worker_id": wid, "kind": "production" if wid.startswith("prod") else "home",
+                                              "languages": ["c", "cpp", "python3"],
+                                              "secret_sha256": credentials.hash_secret(secret)})
                 self.creds[wid] = credentials.format_credential(wid, secret)
-            users = [conn.execute("INSERT INTO users (name) VALUES (%s) RETURNING id", (f"user{i}",)).fetchone()[0]
-                     for i in range(5)]
+            users = [conn.execute(OPS.ensure_user, {"name": f"user{i}"}).fetchone()[0] for i in range(5)]
             rng = random.Random(7)
             for copy in range(self.copies):
                 for (slug, lang, verdict), source in SAMPLES.items():
@@ -166,10 +171,8 @@ class Lab:
 
     def progress(self, conn) -> tuple[dict, dict]:
         # The lab's own submissions only: the arbiter's canary probe adds canaries to the same table.
-        counts = dict(conn.execute("SELECT status, count(*) FROM submissions WHERE canary_expect IS NULL "
-                                   "GROUP BY 1").fetchall())
-        per_worker = dict(conn.execute("SELECT worker_id, count(*) FROM submissions WHERE status = 'judging' "
-                                       "AND canary_expect IS NULL GROUP BY 1").fetchall())
+        counts = dict(conn.execute(LAB.progress_by_status).fetchall())
+        per_worker = dict(conn.execute(LAB.judging_by_worker).fetchall())
         return counts, per_worker
 
     def stop(self) -> None:
@@ -224,13 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 lab.unleash_chaos()
                 time.sleep(0.5)
             print()
-            rows = conn.execute("SELECT s.id, p.slug, s.language, s.status, s.worker_id, s.judge_attempts, "
-                                "(SELECT count(*) FROM submission_judgings j WHERE j.submission_id = s.id) "
-                                "FROM submissions s JOIN problems p ON p.id = s.problem_id WHERE s.canary_expect IS NULL "
-                                "ORDER BY s.id").fetchall()
-            canaries = conn.execute("SELECT count(*) FILTER (WHERE status = canary_expect), count(*) "
-                                    "FROM submissions WHERE canary_expect IS NOT NULL "
-                                    "AND status NOT IN ('pending', 'judging')").fetchone()
+            rows = conn.execute(LAB.summary).fetchall()
+            canaries = conn.execute(LAB.canary_summary).fetchone()
         wrong = 0
         print(f"\n{'id':>4} {'problem':<8} {'lang':<8} {'expected':<9} {'verdict':<13} {'worker':<7} judged")
         for sid, slug, lang, status, worker, attempts, judged in rows:
