@@ -88,4 +88,4 @@ class WorkerAuth:
             else:
                 return None
             conn.execute(leases.Q.touch_worker, {"worker_id": worker_id})
-            return WorkerIdentity(worker_id, row["kind"], tuple(row["languages"])), valid_secs
+            return WorkerIdentity(worker_id, row["kind"], tuple(row["languages"]), row["slots"]), valid_secs

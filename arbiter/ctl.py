@@ -262,7 +262,8 @@ def cmd_status(args, conn) -> int:
     if not in_flight:
         print("  (none)")
     for row in in_flight:
-        print(f"  #{row['submission_id']:<6} {row['worker_id'] or '-':<12} gen {row['lease_gen']:<3} "
+        slot = "" if row["slot"] is None else f"/{row['slot']}"
+        print(f"  #{row['submission_id']:<6} {(row['worker_id'] or '-') + slot:<14} gen {row['lease_gen']:<3} "
               f"age {row['age_s']:>6.1f}s  expires in {row['expires_in_s'] if row['expires_in_s'] is not None else '-':>6}s "
               f"{'confirmed' if row['confirmed'] else 'unconfirmed'} attempt {row['judge_attempts']}")
     print("workers:")
@@ -272,7 +273,7 @@ def cmd_status(args, conn) -> int:
         seen = f"{row['last_seen_ago_s']:.1f}s ago" if row["last_seen_ago_s"] is not None else "never"
         state = "revoked" if row["revoked"] else "active"
         print(f"  {row['worker_id']:<12} {row['kind']:<10} {state:<8} last heard {seen:<14} "
-              f"leases {row['leases']}  languages {','.join(row['languages'])}")
+              f"busy slots {row['leases']}/{row['slots']}  languages {','.join(row['languages'])}")
     print("last canary per worker:")
     if not site["last_canaries"]:
         print("  (none)")
@@ -329,6 +330,15 @@ def _overlap_secs(value: float) -> float:
     return value
 
 
+MAX_SLOTS = 256
+
+
+def _slots(value: int) -> int:
+    if not 1 <= value <= MAX_SLOTS:
+        raise CtlError(f"--slots must be between 1 and {MAX_SLOTS}")
+    return value
+
+
 def cmd_worker_add(args, conn) -> int:
     if not credentials.WORKER_ID.match(args.worker_id):
         raise CtlError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
@@ -336,7 +346,7 @@ def cmd_worker_add(args, conn) -> int:
     secret = credentials.new_secret()
     try:
         conn.execute(OPS.add_worker, {"worker_id": args.worker_id, "kind": args.kind, "languages": languages,
-                                      "secret_sha256": credentials.hash_secret(secret)})
+                                      "secret_sha256": credentials.hash_secret(secret), "slots": _slots(args.slots)})
     except psycopg.errors.UniqueViolation:
         raise CtlError(f"worker {args.worker_id!r} already exists (use 'worker rotate' to issue a new credential)") from None
     _write_credential(args.worker_id, secret, args.credential_file)
@@ -354,7 +364,7 @@ def cmd_worker_ensure(args, conn) -> int:
         raise CtlError(f"the credential is not of the form '{args.worker_id}.<secret>'")
     digest = credentials.hash_secret(parsed[1])
     values = {"worker_id": args.worker_id, "kind": args.kind, "secret_sha256": digest,
-              "languages": _languages(args.languages), "overlap_secs": overlap}
+              "languages": _languages(args.languages), "overlap_secs": overlap, "slots": _slots(args.slots)}
     with conn.transaction():
         row = conn.execute(OPS.find_worker_secret, {"worker_id": args.worker_id}).fetchone()
         if row is None:
@@ -365,9 +375,9 @@ def cmd_worker_ensure(args, conn) -> int:
         if not credentials.digest_matches(digest, row[0]) or row[1]:
             conn.execute(OPS.rotate_worker_secret, values)
             changes.append("credential rotated" + ("" if row[1] else f" (the previous one valid {overlap:g}s more)"))
-        if row[2] != args.kind or sorted(row[3]) != values["languages"]:
+        if row[2] != args.kind or sorted(row[3]) != values["languages"] or row[4] != values["slots"]:
             conn.execute(OPS.set_worker_profile, values)
-            changes.append("kind/languages set")
+            changes.append("kind/languages/slots set")
     print(f"updated worker {args.worker_id}: {', '.join(changes)}" if changes else f"unchanged worker {args.worker_id}")
     return 0
 
@@ -520,12 +530,14 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("worker_id")
     wa.add_argument("--kind", choices=["home", "production"], required=True)
     wa.add_argument("--languages", default="c,cpp,python3")
+    wa.add_argument("--slots", type=int, default=1, help="judge slots the worker runs (its config's slots)")
     wa.add_argument("--credential-file", help="write the credential here (mode 0600) instead of printing it")
     wa.set_defaults(func=cmd_worker_add)
     we = wsub.add_parser("ensure", help="register a worker with a given credential (idempotent)")
     we.add_argument("worker_id")
     we.add_argument("--kind", choices=["home", "production"], required=True)
     we.add_argument("--languages", default="c,cpp,python3")
+    we.add_argument("--slots", type=int, default=1, help="judge slots the worker runs (its config's slots)")
     we.add_argument("--credential-file", required=True, help="file holding '<worker_id>.<secret>', or -")
     we.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP_SECS,
                     help="a changed credential: seconds the previous one stays valid (default 3600)")

@@ -315,7 +315,8 @@ class Dispatcher:
         granted: dict[tuple[str, str], leases.Lease] = {}
         retry_alone = False
         try:
-            granted = leases.acquire_many(conn, requests=[t.key for t in matching], languages=list(matching[0].languages),
+            granted = leases.acquire_many(conn, requests=[t.key for t in matching], slots=[t.slot for t in matching],
+                                          languages=list(matching[0].languages),
                                           unconfirmed_secs=self.settings.unconfirmed_secs,
                                           before_commit=faults.before_commit_hook())
             if granted:
@@ -352,6 +353,7 @@ class Dispatcher:
                 worker_id=ticket.worker.worker_id,
                 kind=ticket.worker.kind,
                 request_id=ticket.request_id,
+                slot=ticket.slot,
                 languages=list(ticket.languages),
                 unconfirmed_secs=self.settings.unconfirmed_secs,
                 legacy=legacy,

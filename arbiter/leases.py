@@ -179,6 +179,7 @@ def acquire(
     languages: list[str],
     unconfirmed_secs: float,
     legacy: LegacyRules | None,
+    slot: int = 0,
     before_commit=None,
 ) -> Lease | None:
     """pending -> judging for the oldest claimable submission, or None when there is none.
@@ -202,6 +203,7 @@ def acquire(
                 {
                     "worker_id": worker_id,
                     "request_id": request_id,
+                    "slot": slot,
                     "languages": list(languages),
                     "unconfirmed_secs": unconfirmed_secs,
                 },
@@ -222,10 +224,12 @@ def acquire_many(
     languages: list[str],
     unconfirmed_secs: float,
     before_commit=None,
+    slots: list[int] | None = None,
 ) -> dict[tuple[str, str], Lease]:
     """pending -> judging for up to ``len(requests)`` submissions in one statement (batch dispatch).
 
-    ``requests`` are (worker_id, request_id) in fairness order, sharing ``languages``; the oldest
+    ``requests`` are (worker_id, request_id) in fairness order (``slots``: each one's judge slot, 0 if
+    not given), sharing ``languages``; the oldest
     claimable unpinned work goes to the first of them. Returns the leases by request. Not for
     stages 1-3 (the legacy turn rule is one worker's question; :func:`acquire` answers it).
     A request_id served before raises UniqueViolation and nothing is written."""
@@ -234,6 +238,7 @@ def acquire_many(
         with conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(Q.acquire_leases, {
                 "worker_ids": [w for w, _ in requests], "request_ids": [r for _, r in requests],
+                "slots": list(slots) if slots is not None else [0] * len(requests),
                 "languages": list(languages), "k": len(requests), "unconfirmed_secs": unconfirmed_secs,
             }).fetchall()
         if rows and before_commit is not None:

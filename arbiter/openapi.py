@@ -57,6 +57,9 @@ SPEC = {
                     "languages": {"type": "array", "items": {"type": "string", "enum": sorted(LANGUAGES)}},
                     "wait_secs": {"type": "number", "minimum": 0,
                                   "description": "at most long_poll_max_secs is waited; a longer wait is served as that"},
+                    "slot": {"type": "integer", "minimum": 0, "default": 0,
+                             "description": "the worker's judge slot that asks (0 .. its registered slots - 1); "
+                                            "recorded with the lease"},
                 },
             },
             "Lease": {
@@ -128,8 +131,9 @@ SPEC = {
                           "204": _resp("nothing came within the wait"),
                           "410": _resp("this request_id was served and its lease is gone", _error),
                           **_common_worker,
-                          "422": _resp("unknown or no usable language, or a value that cannot be stored", _error),
-                          "429": _resp("this worker already has max_parked_per_worker requests parked", _error,
+                          "422": _resp("unknown or no usable language, a slot the worker is not registered "
+                                       "with, or a value that cannot be stored", _error),
+                          "429": _resp("this worker already has max_parked_per_worker requests parked per slot", _error,
                                        _retry)}}},
         "/v1/leases/{submission_id}/heartbeat": {"post": {
             "summary": "Confirm (first call) or extend a lease",

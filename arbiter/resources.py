@@ -225,6 +225,11 @@ class Acquire(_Base):
             raise falcon.HTTPUnprocessableEntity(title="unknown language",
                                                  description=f"languages must be among {sorted(leases.LANGUAGES)}")
         languages = tuple(sorted(set(wanted) & set(worker.languages)))
+        slot = _field(body, "slot", int, required=False, default=0)
+        if not 0 <= slot < worker.slots:
+            raise falcon.HTTPUnprocessableEntity(
+                title="unknown slot", description=f"slot must be 0..{worker.slots - 1}: this worker is registered "
+                                                  f"with {worker.slots} slot(s) (judgectl worker ensure --slots)")
         wait = _field(body, "wait_secs", float, required=False, default=self.settings.long_poll_max_secs)
         if not 0 <= wait < math.inf:
             raise falcon.HTTPBadRequest(title="malformed request", description="wait_secs must be a number >= 0")
@@ -245,7 +250,7 @@ class Acquire(_Base):
         if not languages:
             raise falcon.HTTPUnprocessableEntity(title="no language", description="no language in common with "
                                                  "the worker's registered languages")
-        ticket = Ticket(worker=worker, request_id=request_id, languages=languages)
+        ticket = Ticket(worker=worker, request_id=request_id, languages=languages, slot=slot)
         try:
             self.runtime.dispatcher.park(ticket)
         except Stopping:
@@ -258,8 +263,8 @@ class Acquire(_Base):
             METRICS.inc("arbiter_acquires_total", outcome="worker_parking_full")
             raise falcon.HTTPTooManyRequests(
                 title="too many parked requests",
-                description=f"this worker already has {self.settings.max_parked_per_worker} acquire requests "
-                            "parked; wait for one to be answered", retry_after=1) from None
+                description=f"this worker already has {self.settings.max_parked_per_worker * worker.slots} acquire "
+                            "requests parked; wait for one to be answered", retry_after=1) from None
         try:
             await _until_answered_or_gone(ticket, wait, req.scope.get(CLIENT_GONE))
         finally:

@@ -16,12 +16,13 @@ def render(snapshot: dict) -> str:
     state = "ready" if arbiter["ready"] else "NOT READY: " + "; ".join(arbiter["reasons"])
     queue = _table(["status", "count"], [[k, v] for k, v in sorted(snapshot["queue"].items())] +
                    [["decided (estimate)", f"~{snapshot['decided_estimate']}"]])
-    in_flight = _table(["submission", "worker", "gen", "attempt", "age s", "expires in s", "confirmed"],
-                       [[r["submission_id"], r["worker_id"], r["lease_gen"], r["judge_attempts"], r["age_s"],
+    in_flight = _table(["submission", "worker", "slot", "gen", "attempt", "age s", "expires in s", "confirmed"],
+                       [[r["submission_id"], r["worker_id"], "-" if r["slot"] is None else r["slot"], r["lease_gen"], r["judge_attempts"], r["age_s"],
                          r["expires_in_s"], r["confirmed"]] for r in snapshot["leases"]])
-    workers = _table(["worker", "kind", "state", "last heard (s ago)", "leases", "languages"],
+    workers = _table(["worker", "kind", "state", "last heard (s ago)", "busy slots", "languages"],
                      [[w["worker_id"], w["kind"], "revoked" if w["revoked"] else "active",
-                       "never" if w["last_seen_ago_s"] is None else f"{w['last_seen_ago_s']:.1f}", w["leases"],
+                       "never" if w["last_seen_ago_s"] is None else f"{w['last_seen_ago_s']:.1f}",
+                       f"{w['leases']}/{w['slots']}",
                        ",".join(w["languages"])] for w in snapshot["workers"]])
     canaries = _table(["worker", "canary", "language", "verdict", "expected", "decided (s ago)", "took s"],
                       [[c["worker_id"], c["submission_id"], c["language"],

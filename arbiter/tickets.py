@@ -54,6 +54,7 @@ class WorkerIdentity:
     worker_id: str
     kind: str  # home | production
     languages: tuple[str, ...]
+    slots: int = 1  # its judge slots (workers.slots): each may park its share of requests
 
 
 class TicketState(enum.Enum):
@@ -108,6 +109,7 @@ class Ticket:
     worker: WorkerIdentity
     request_id: str
     languages: tuple[str, ...]
+    slot: int = 0  # the worker's judge slot that asks (recorded with the lease)
     parked_at: float = field(default_factory=time.monotonic)
     state: TicketState = TicketState.PARKED
     lease: leases.Lease | None = None
@@ -127,6 +129,7 @@ class ParkingLot:
     """The tickets whose requests still wait, and the transitions above. Thread-safe."""
 
     def __init__(self, capacity: int, per_worker: int):
+        """``per_worker``: parking places of each judge slot of a worker (a worker with N slots gets N times as many)."""
         self.capacity = capacity
         self.per_worker = per_worker
         self._lock = threading.Lock()
@@ -146,7 +149,7 @@ class ParkingLot:
                 self._withdraw(previous)
             elif len(self._tickets) >= self.capacity:
                 raise Overloaded()
-            elif self._per_worker.get(ticket.worker.worker_id, 0) >= self.per_worker:
+            elif self._per_worker.get(ticket.worker.worker_id, 0) >= self.per_worker * ticket.worker.slots:
                 raise TooManyParked()
             ticket.state = TicketState.PARKED
             self._tickets[ticket.key] = ticket

@@ -164,7 +164,7 @@ def register(site: Site, worker_id: str) -> str:
     """A home worker judging python3, as `judgectl worker add` registers one."""
     secret = credentials.new_secret()
     site.conn.execute(OPS.add_worker, {"worker_id": worker_id, "kind": "home", "languages": ["python3"],
-                                       "secret_sha256": credentials.hash_secret(secret)})
+                                       "secret_sha256": credentials.hash_secret(secret), "slots": 1})
     return credentials.format_credential(worker_id, secret)
 
 

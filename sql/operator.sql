@@ -46,8 +46,8 @@ WITH inserted AS (
 SELECT id FROM inserted UNION ALL SELECT id FROM users WHERE name = %(name)s LIMIT 1;
 
 -- name: add_worker
-INSERT INTO workers (worker_id, kind, languages, secret_sha256)
-VALUES (%(worker_id)s, %(kind)s, %(languages)s, %(secret_sha256)s);
+INSERT INTO workers (worker_id, kind, languages, secret_sha256, slots)
+VALUES (%(worker_id)s, %(kind)s, %(languages)s, %(secret_sha256)s, %(slots)s);
 
 -- name: revoke_worker
 -- Both secrets go: a rotation's overlap never outlives a revocation.
@@ -76,7 +76,7 @@ WHERE canary_expect IS NOT NULL AND status IN ('pending', 'judging');
 SELECT greatest(reltuples, 0)::bigint AS estimate FROM pg_class WHERE oid = 'submissions'::regclass;
 
 -- name: status_leases
-SELECT s.id AS submission_id, s.worker_id, s.lease_gen, s.judge_attempts,
+SELECT s.id AS submission_id, s.worker_id, g.slot, s.lease_gen, s.judge_attempts,
        s.lease_confirmed_at IS NOT NULL AS confirmed,
        round(extract(epoch FROM now() - g.granted_at)::numeric, 1)::float AS age_s,
        round(extract(epoch FROM s.lease_expires_at - now())::numeric, 1)::float AS expires_in_s
@@ -86,7 +86,7 @@ WHERE s.status = 'judging'
 ORDER BY s.id;
 
 -- name: status_workers
-SELECT w.worker_id, w.kind, w.languages, w.revoked_at IS NOT NULL AS revoked,
+SELECT w.worker_id, w.kind, w.languages, w.slots, w.revoked_at IS NOT NULL AS revoked,
        extract(epoch FROM now() - w.last_seen_at)::float AS last_seen_ago_s,
        (SELECT count(*) FROM submissions s WHERE s.status = 'judging' AND s.worker_id = w.worker_id) AS leases
 FROM workers w
@@ -107,10 +107,10 @@ ORDER BY s.worker_id, s.id DESC;
 SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT NULL;
 
 -- name: find_worker_secret
-SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind, languages FROM workers WHERE worker_id = %(worker_id)s;
+SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind, languages, slots FROM workers WHERE worker_id = %(worker_id)s;
 
 -- name: set_worker_profile
-UPDATE workers SET kind = %(kind)s, languages = %(languages)s WHERE worker_id = %(worker_id)s;
+UPDATE workers SET kind = %(kind)s, languages = %(languages)s, slots = %(slots)s WHERE worker_id = %(worker_id)s;
 
 -- name: rotate_worker_secret
 -- A new secret; the one it replaces stays valid for the overlap (DB time), so the worker can be given

@@ -38,8 +38,8 @@ WITH candidate AS (
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
               s.lease_expires_at, s.judge_attempts
 ), granted AS (
-    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
-    SELECT lease_token, id, lease_gen, %(worker_id)s, %(request_id)s FROM leased
+    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id, slot)
+    SELECT lease_token, id, lease_gen, %(worker_id)s, %(request_id)s, %(slot)s FROM leased
     RETURNING lease_token
 ), noted AS (
     UPDATE workers SET last_lease_at = now()
@@ -55,12 +55,12 @@ FROM leased JOIN problems p ON p.id = leased.problem_id;
 -- name: acquire_leases
 -- arrow: pending -> judging for up to K parked requests at once (batch dispatch), the same arrow as
 -- acquire_lease: new token, gen+1, attempts+1, short unconfirmed expiry, a grant row each.
--- The requests (worker_ids[i], request_ids[i]) come in the dispatcher's fairness order and share
+-- The requests (worker_ids[i], request_ids[i], slots[i]) come in the dispatcher's fairness order and share
 -- one language set; the i-th oldest claimable unpinned submission (canaries first) goes to the
 -- i-th request. Pinned canaries are left to acquire_lease, which looks at one worker's pins.
 WITH wanted AS (
-    SELECT w AS worker_id, r AS request_id, ord
-    FROM unnest(%(worker_ids)s::text[], %(request_ids)s::text[]) WITH ORDINALITY AS t(w, r, ord)
+    SELECT w AS worker_id, r AS request_id, sl AS slot, ord
+    FROM unnest(%(worker_ids)s::text[], %(request_ids)s::text[], %(slots)s::smallint[]) WITH ORDINALITY AS t(w, r, sl, ord)
 ), canaries AS (
     SELECT id FROM submissions
     WHERE status = 'pending' AND canary_expect IS NOT NULL AND pinned_worker IS NULL
@@ -74,7 +74,7 @@ WITH wanted AS (
     SELECT id, row_number() OVER (ORDER BY is_real, id) AS ord
     FROM (SELECT id, false AS is_real FROM canaries UNION ALL SELECT id, true FROM reals) c
 ), pairs AS (
-    SELECT c.id, w.worker_id, w.request_id FROM candidates c JOIN wanted w ON w.ord = c.ord
+    SELECT c.id, w.worker_id, w.request_id, w.slot FROM candidates c JOIN wanted w ON w.ord = c.ord
 ), leased AS (
     UPDATE submissions s
     SET status = 'judging',
@@ -88,10 +88,10 @@ WITH wanted AS (
     FROM pairs
     WHERE s.id = pairs.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
-              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id
+              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id, pairs.slot
 ), granted AS (
-    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
-    SELECT lease_token, id, lease_gen, worker_id, request_id FROM leased
+    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id, slot)
+    SELECT lease_token, id, lease_gen, worker_id, request_id, slot FROM leased
     RETURNING lease_token
 ), noted AS (
     UPDATE workers SET last_lease_at = now()
@@ -135,9 +135,10 @@ WITH decided AS (
     RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect
 ), history AS (
     INSERT INTO submission_judgings
-        (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by, data_digest)
+        (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by, data_digest,
+         slot)
     SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, lease_token, lease_gen, 'worker',
-           %(data_digest)s
+           %(data_digest)s, (SELECT g.slot FROM lease_grants g WHERE g.lease_token = decided.lease_token)
     FROM decided
     RETURNING seq
 ), first_pass AS (
@@ -273,7 +274,7 @@ SELECT DISTINCT language FROM submissions WHERE status = 'pending' AND canary_ex
 -- name: find_worker_credential
 -- read: a worker's credential hashes for bearer authentication: the current one, and the previous
 -- one with the seconds it stays valid (DB time; NULL once its overlap is over).
-SELECT worker_id, kind, languages, secret_sha256, revoked_at IS NOT NULL AS revoked,
+SELECT worker_id, kind, languages, slots, secret_sha256, revoked_at IS NOT NULL AS revoked,
        CASE WHEN previous_secret_until > now() THEN previous_secret_sha256 END AS previous_secret_sha256,
        CASE WHEN previous_secret_until > now()
             THEN extract(epoch FROM previous_secret_until - now())::float END AS previous_valid_secs

@@ -54,10 +54,10 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.05, what: str =
         time.sleep(interval)
 
 
-def add_worker(conn, worker_id: str, kind: str = "home", languages=("c", "cpp", "python3")) -> str:
+def add_worker(conn, worker_id: str, kind: str = "home", languages=("c", "cpp", "python3"), slots: int = 1) -> str:
     secret = credentials.new_secret()
-    conn.execute("INSERT INTO workers (worker_id, kind, languages, secret_sha256) VALUES (%s, %s, %s, %s)",
-                 (worker_id, kind, list(languages), credentials.hash_secret(secret)))
+    conn.execute("INSERT INTO workers (worker_id, kind, languages, secret_sha256, slots) VALUES (%s, %s, %s, %s, %s)",
+                 (worker_id, kind, list(languages), credentials.hash_secret(secret), slots))
     return credentials.format_credential(worker_id, secret)
 
 

@@ -10,6 +10,7 @@ DROP TRIGGER submission_judgings_append_only ON submission_judgings;
 DROP FUNCTION submission_judgings_append_only();
 DROP INDEX submission_judgings_lease_idx;
 ALTER TABLE submission_judgings
+    DROP COLUMN slot,
     DROP COLUMN decided_by,
     DROP COLUMN lease_gen,
     DROP COLUMN lease_token,

@@ -23,6 +23,8 @@ CREATE TABLE workers (
     previous_secret_until   timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     revoked_at      timestamptz,
+    -- How many judge slots the worker runs (each parks its own acquires; worker config `slots`).
+    slots           smallint NOT NULL DEFAULT 1 CHECK (slots BETWEEN 1 AND 256),
     last_seen_at    timestamptz,
     last_lease_at   timestamptz
 );
@@ -35,6 +37,8 @@ CREATE TABLE lease_grants (
     lease_gen       bigint NOT NULL,
     worker_id       text NOT NULL,
     request_id      text NOT NULL,
+    -- The worker's judge slot the lease was granted to (0 .. workers.slots - 1).
+    slot            smallint NOT NULL DEFAULT 0 CHECK (slot >= 0),
     granted_at      timestamptz NOT NULL DEFAULT now(),
     UNIQUE (worker_id, request_id),
     UNIQUE (submission_id, lease_gen)
@@ -46,7 +50,8 @@ ALTER TABLE submission_judgings
     ADD COLUMN seq          bigint NOT NULL DEFAULT nextval('submission_judgings_seq'),
     ADD COLUMN lease_token  uuid,
     ADD COLUMN lease_gen    bigint,
-    ADD COLUMN decided_by   text NOT NULL DEFAULT 'worker' CHECK (decided_by IN ('worker', 'janitor'));
+    ADD COLUMN decided_by   text NOT NULL DEFAULT 'worker' CHECK (decided_by IN ('worker', 'janitor')),
+    ADD COLUMN slot         smallint;
 ALTER SEQUENCE submission_judgings_seq OWNED BY submission_judgings.seq;
 CREATE UNIQUE INDEX submission_judgings_lease_idx ON submission_judgings (submission_id, lease_token);
 GRANT USAGE ON SEQUENCE submission_judgings_seq TO judge_legacy_worker;
