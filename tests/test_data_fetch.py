@@ -217,10 +217,16 @@ def test_the_cache_keeps_to_its_size_evicting_the_sets_used_longest_ago(db, arbi
         assert judgectl(db, "problem", "data", "aplusb", str(d)).returncode == 0
         digests.append(testdata.directory_digest(d))
     store = DataStore(tmp_path / "cache", ArbiterClient([a.url], site.cred, timeout=10), max_bytes=(2 << 20) + 100)
+
+    def judge_with(store, digest):  # as a judging does: held while it runs, then released
+        directory = store.ensure(site.problem, digest)
+        store.release(digest)
+        return directory
+
     for digest in digests[:2]:
-        store.ensure(site.problem, digest)
-    store.ensure(site.problem, digests[0])  # used again: v1 is now the one used longest ago
-    store.ensure(site.problem, digests[2])
+        judge_with(store, digest)
+    judge_with(store, digests[0])  # used again: v1 is now the one used longest ago
+    judge_with(store, digests[2])
     sets = sorted(p.name for p in (tmp_path / "cache" / "sets").iterdir())
     assert sets == sorted([digests[0], digests[2]]), "the set used longest ago goes first"
     blobs = list((tmp_path / "cache" / "blobs").iterdir())
@@ -228,5 +234,15 @@ def test_the_cache_keeps_to_its_size_evicting_the_sets_used_longest_ago(db, arbi
     for digest in (digests[0], digests[2]):
         assert testdata.directory_digest(tmp_path / "cache" / "sets" / digest) == digest
     tiny = DataStore(tmp_path / "tiny", ArbiterClient([a.url], site.cred, timeout=10), max_bytes=1)
-    assert testdata.directory_digest(tiny.ensure(site.problem, digests[1])) == digests[1], \
+    assert testdata.directory_digest(judge_with(tiny, digests[1])) == digests[1], \
         "the set just laid out stays, however small the cache"
+    # Judge slots: a set one slot judges with is never evicted for the set another slot needs.
+    slots = DataStore(tmp_path / "slots", ArbiterClient([a.url], site.cred, timeout=10), max_bytes=1)
+    slots.ensure(site.problem, digests[0])  # slot 0 judges with v0 ...
+    slots.ensure(site.problem, digests[1])  # ... while slot 1 fetches v1
+    assert sorted(p.name for p in (tmp_path / "slots" / "sets").iterdir()) == sorted(digests[:2]), \
+        "a set still in use by another slot was evicted"
+    slots.release(digests[0])
+    slots.release(digests[1])
+    judge_with(slots, digests[2])
+    assert [p.name for p in (tmp_path / "slots" / "sets").iterdir()] == [digests[2]]

@@ -1,4 +1,5 @@
-"""Per-run cgroups (v2 or v1) for the sandbox: a memory limit with OOM accounting and a pids limit.
+"""Per-run cgroups (v2 or v1) for the sandbox: a memory limit with OOM accounting, a pids limit and,
+for a judge slot pinned to a CPU, a cpuset (the kernel keeps the run there, sched_setaffinity or not).
 
 The kernel's accounting decides MLE: an OOM kill inside the run's cgroup.
 When no writable cgroup hierarchy exists the sandbox falls back to
@@ -46,10 +47,29 @@ def detect() -> str | None:
     return None
 
 
+def cpuset_available(version: str | None) -> bool:
+    """Can runs be confined to CPUs by a cpuset cgroup here?"""
+    if version == "v2":
+        return "cpuset" in (ROOT / "cgroup.controllers").read_text().split()
+    return version == "v1" and _writable(ROOT / "cpuset")
+
+
+def _v1_cpuset_parent(parent: str) -> Path:
+    """The v1 cpuset parent, made with every CPU and memory node of the root (a v1 cpuset accepts
+    no task before both are set)."""
+    directory = ROOT / "cpuset" / parent
+    directory.mkdir(exist_ok=True)
+    for key in ("cpuset.cpus", "cpuset.mems"):
+        if not (directory / key).read_text().strip():
+            (directory / key).write_text((ROOT / "cpuset" / key).read_text().strip())
+    return directory
+
+
 class RunCgroup:
     """One cgroup (per controller on v1) for one sandboxed run."""
 
-    def __init__(self, version: str, memory_bytes: int, max_pids: int, parent: str = DEFAULT_PARENT):
+    def __init__(self, version: str, memory_bytes: int, max_pids: int, parent: str = DEFAULT_PARENT,
+                 cpus: tuple[int, ...] = ()):
         self.version = version
         name = f"run-{uuid.uuid4().hex[:12]}"
         parents = parent_dirs(version, parent)
@@ -58,17 +78,33 @@ class RunCgroup:
                 parents[0].mkdir(exist_ok=True)
                 (ROOT / "cgroup.subtree_control").write_text("+memory +pids")
                 (parents[0] / "cgroup.subtree_control").write_text("+memory +pids")
+            if cpus and "cpuset" not in (parents[0] / "cgroup.subtree_control").read_text().split():
+                (ROOT / "cgroup.subtree_control").write_text("+cpuset")
+                (parents[0] / "cgroup.subtree_control").write_text("+cpuset")
         else:
             for directory in parents:
                 directory.mkdir(exist_ok=True)
+            if cpus:
+                parents.append(_v1_cpuset_parent(parent))
         self.dirs = [directory / name for directory in parents]
         try:
             for directory in self.dirs:
                 directory.mkdir()
             self._set_limits(memory_bytes, max_pids)
+            if cpus:
+                self._pin(cpus)
         except OSError:
             self.remove()  # nothing half-made stays behind
             raise
+
+    def _pin(self, cpus: tuple[int, ...]) -> None:
+        listed = ",".join(str(c) for c in cpus)
+        if self.version == "v2":
+            (self.dirs[0] / "cpuset.cpus").write_text(listed)
+        else:
+            cpuset = self.dirs[2]
+            (cpuset / "cpuset.mems").write_text((cpuset.parent / "cpuset.mems").read_text().strip())
+            (cpuset / "cpuset.cpus").write_text(listed)
 
     def _set_limits(self, memory_bytes: int, max_pids: int) -> None:
         if self.version == "v2":
@@ -80,7 +116,7 @@ class RunCgroup:
                 pass
             (d / "pids.max").write_text(str(max_pids))
         else:
-            mem, pids = self.dirs
+            mem, pids = self.dirs[:2]
             (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
             try:
                 (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))

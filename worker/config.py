@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import ssl
 import tomllib
@@ -67,6 +68,10 @@ class WorkerConfig:
     request_timeout_secs: float = 10.0
     legacy_poll_secs: float = 1.0
     legacy_idle_fresh_secs: float = 5.0
+    # Judge slots: concurrent judgings on this host, slot i pinned to CPU slot_cpus[i] (none pinned for
+    # one slot unless slot_cpus says so). The arbiter must know the count: judgectl worker ensure --slots.
+    slots: int = 1
+    slot_cpus: tuple[int, ...] = ()
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
@@ -75,7 +80,7 @@ _TOP = {"worker_id": str, "kind": str, "transport": str, "outbox_dir": str, "tes
         "tls_ca_file": str, "allow_plaintext": bool, "data_dir": str, "data_cache_max_mb": int,
         "heartbeat_interval_secs": float, "long_poll_secs": float, "backoff_initial_secs": float,
         "backoff_max_secs": float, "request_timeout_secs": float, "legacy_poll_secs": float,
-        "legacy_idle_fresh_secs": float, "sandbox": dict}
+        "legacy_idle_fresh_secs": float, "slots": int, "slot_cpus": list, "sandbox": dict}
 _SANDBOX = {"uid": int, "gid": int, "output_limit_kb": int, "stderr_limit_kb": int, "max_processes": int,
             "wall_factor": float, "cgroup_parent": str}
 
@@ -125,6 +130,45 @@ def client_ssl_context(ca_file: str) -> ssl.SSLContext:
     ctx = ssl.create_default_context() if ca_file == "system" else ssl.create_default_context(cafile=ca_file)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
+
+
+MAX_SLOTS = 256
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: a container's or systemd's CPU set included)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def slot_cpus_for(slots: int, given: list | None, transport: str) -> tuple[int, ...]:
+    """Each slot's CPU. Given: one distinct usable CPU per slot. Not given, several slots: the last
+    ``slots`` usable CPUs (the first stays for the system and the worker itself when there is one to
+    spare); one slot: unpinned, as a worker always ran."""
+    if not 1 <= slots <= MAX_SLOTS:
+        raise ConfigError(f"slots must be between 1 and {MAX_SLOTS}")
+    if slots > 1 and transport != "arbiter":
+        raise ConfigError("slots > 1 needs transport 'arbiter' (the legacy scheme judges one submission "
+                          "per worker)")
+    usable = usable_cpus()
+    if given is not None:
+        if len(given) != slots or not all(isinstance(c, int) and not isinstance(c, bool) for c in given):
+            raise ConfigError(f"slot_cpus must list one CPU number per slot ({slots})")
+        if len(set(given)) != len(given):
+            raise ConfigError("slot_cpus must not name a CPU twice: each slot has its own")
+        outside = sorted(set(given) - set(usable))
+        if outside:
+            raise ConfigError(f"slot_cpus {outside} are not CPUs this worker may use ({_ranges(usable)})")
+        return tuple(given)
+    if slots == 1:
+        return ()
+    if slots > len(usable):
+        raise ConfigError(f"slots = {slots} but this worker may use {len(usable)} CPU(s) ({_ranges(usable)}): "
+                          "each slot needs its own")
+    return tuple(usable[-slots:])
+
+
+def _ranges(cpus: list[int]) -> str:
+    return ",".join(str(c) for c in cpus)
 
 
 def load(path: str | Path) -> WorkerConfig:
@@ -190,6 +234,8 @@ def load(path: str | Path) -> WorkerConfig:
             raise ConfigError(f"sandbox.{key} must be > 0")
     if not cgroups.PARENT_NAME.match(sandbox.cgroup_parent):
         raise ConfigError("sandbox.cgroup_parent must be one cgroup name: 1-63 chars of A-Z, a-z, 0-9, '_', '.', '-'")
+    slots = raw.get("slots", 1)
+    slot_cpus = slot_cpus_for(slots, raw.get("slot_cpus"), raw["transport"])
     testdata = Path(raw["testdata_dir"])
     if not testdata.is_dir():
         raise ConfigError(f"testdata_dir {testdata} is not a directory")
@@ -200,5 +246,5 @@ def load(path: str | Path) -> WorkerConfig:
                         allow_plaintext=raw.get("allow_plaintext", False),
                         data_dir=Path(raw["data_dir"]) if raw.get("data_dir") else Path(raw["outbox_dir"]).parent / "data",
                         data_cache_max_mb=raw.get("data_cache_max_mb", 10240),
-                        dsn=dsn, sandbox=sandbox,
+                        dsn=dsn, sandbox=sandbox, slots=slots, slot_cpus=slot_cpus,
                         **values)

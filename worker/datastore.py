@@ -13,6 +13,7 @@ link count is 1); the set just laid out always stays.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import os
@@ -55,32 +56,44 @@ class DataStore:
         self.client = client
         self.prewarmed_dir = prewarmed_dir
         self._lock = threading.Lock()
+        # Sets a judge slot is judging with (ensure .. release): never evicted meanwhile.
+        self._held: collections.Counter[str] = collections.Counter()
 
     def ensure(self, problem_id: int, digest: str) -> Path:
-        """The directory of data set ``digest``, fetched if need be. Raises DataUnavailable."""
+        """The directory of data set ``digest``, fetched if need be, held until :meth:`release`.
+        Raises DataUnavailable."""
         if not _HEX64.fullmatch(digest or ""):
             raise DataUnavailable(f"not a data digest: {digest!r}")
         target = self.sets / digest
         with self._lock:
             if target.is_dir():
                 os.utime(target)  # used now: the last to be evicted
+                self._held[digest] += 1
                 return target
             files = self._listing(digest)
             self.blobs.mkdir(parents=True, exist_ok=True)
             for entry in files:
                 self._obtain(problem_id, entry)
             laid_out = self._lay_out(digest, files)
-            self._evict(keep=digest)
+            self._held[digest] += 1
+            self._evict()
             return laid_out
 
-    def _evict(self, keep: str) -> None:
+    def release(self, digest: str) -> None:
+        """The judging that ensured ``digest`` is over: the set may be evicted again."""
+        with self._lock:
+            self._held[digest] -= 1
+            if self._held[digest] <= 0:
+                del self._held[digest]
+
+    def _evict(self) -> None:
         def blob_bytes() -> int:
             return sum(p.stat().st_size for p in self.blobs.iterdir() if p.is_file() and _HEX64.fullmatch(p.name))
 
         total = blob_bytes()
         if total <= self.max_bytes:
             return
-        others = sorted((d for d in self.sets.iterdir() if d.is_dir() and d.name != keep and _HEX64.fullmatch(d.name)),
+        others = sorted((d for d in self.sets.iterdir() if d.is_dir() and d.name not in self._held and _HEX64.fullmatch(d.name)),
                         key=lambda d: d.stat().st_mtime)
         for old in others:
             if total <= self.max_bytes:

@@ -200,10 +200,12 @@ class ArbiterClient:
         raise Unreachable(last_error)
 
     # -- the protocol ----------------------------------------------------------
-    def acquire(self, request_id: str, languages: list[str] | None, wait_secs: float) -> Reply:
+    def acquire(self, request_id: str, languages: list[str] | None, wait_secs: float, slot: int | None = None) -> Reply:
         body = {"request_id": request_id, "wait_secs": wait_secs}
         if languages:
             body["languages"] = languages
+        if slot is not None:
+            body["slot"] = slot
         return self.request("POST", "/v1/acquire", body, timeout=wait_secs + 10, parks=True)
 
     def heartbeat(self, submission_id: int, lease_token: str) -> Reply:

@@ -138,6 +138,7 @@ class Judge:
             raise CannotJudgeHere(f"worker does not judge language {job.language!r}")
         tests, problem = find_tests(self.testdata_dir, job)
         data_digest = None if problem else self.digests.digest(tests[0][0].parent)
+        held = None  # a set of the data store, held (not evicted) while this judging uses it
         if job.data_digest and data_digest != job.data_digest:
             # Stale, newer or missing data here: judging with it could give a wrong verdict. The data
             # set the lease names is fetched (and verified) if this worker can; else another worker
@@ -149,14 +150,20 @@ class Judge:
                 directory = self.data_store.ensure(job.problem_id, job.data_digest)
             except DataUnavailable as exc:
                 raise CannotJudgeHere(str(exc)) from None
-            tests, problem = tests_in(directory)
-            data_digest = None if problem else self.digests.digest(directory)
-            if data_digest != job.data_digest:
-                raise CannotJudgeHere(problem or f"fetched test data {job.data_digest[:12]} lays out as "
-                                                 f"{(data_digest or '')[:12]}")
-        elif problem:
-            raise CannotJudgeHere(problem)
-        verdict = self._judge(job, tests, cancelled)
+            held = job.data_digest
+        try:
+            if held is not None:
+                tests, problem = tests_in(directory)
+                data_digest = None if problem else self.digests.digest(directory)
+                if data_digest != job.data_digest:
+                    raise CannotJudgeHere(problem or f"fetched test data {job.data_digest[:12]} lays out as "
+                                                     f"{(data_digest or '')[:12]}")
+            elif problem:
+                raise CannotJudgeHere(problem)
+            verdict = self._judge(job, tests, cancelled)
+        finally:
+            if held is not None:
+                self.data_store.release(held)
         verdict.data_digest = data_digest
         return verdict
 

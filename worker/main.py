@@ -1,16 +1,17 @@
 """judge-worker: the daemon supervisor runs (``judge-worker --config FILE``).
 
-Start-up: check the config and the sandbox, deliver whatever the outbox holds,
-then loop: get an assignment -> keep its lease alive -> judge -> outbox -> deliver.
-SIGTERM: finish the submission being judged (its result goes through the
-outbox), take no new work (a parked long-poll acquire is cut short), exit 0. A lease whose heartbeat answers 410 is
-abandoned at once and nothing is reported for it.
+Start-up: check the config and every slot's sandbox, deliver whatever the outbox holds, then run
+the judge slots (worker/slot.py: ``slots`` of them, each pinned to its CPU, one thread each; a
+worker with one slot runs it on the main thread): get an assignment -> keep its lease alive ->
+judge -> outbox -> deliver. The outbox and the test-data cache are the host's, shared by its slots.
+SIGTERM: every slot finishes the submission it is judging (its result goes through the outbox),
+takes no new work (parked long-poll acquires are cut short), and the worker exits 0. A lease whose
+heartbeat answers 410 is abandoned at once and nothing is reported for it.
 
-A sandbox that fails to start a program is this machine's failure, never a
-verdict: the submission is judged again (a transient shortage passes); if the
-sandbox keeps failing, an arbiter lease is left to expire so that another
-worker judges it (a legacy claim, which nothing would ever reclaim, gets
-system_error), and no new work is taken until the sandbox self-test passes.
+A sandbox that fails to start a program is this machine's failure, never a verdict: the submission
+is judged again (a transient shortage passes); if the sandbox keeps failing, an arbiter lease is
+handed back so that another worker judges it (a legacy claim, which nothing would ever reclaim,
+gets system_error), and that slot takes no new work until its sandbox self-test passes.
 """
 
 from __future__ import annotations
@@ -24,62 +25,58 @@ import threading
 from arbiter import logs
 
 from . import config as config_mod
-from . import faults
 from .backoff import Backoff
 from .datastore import DataStore
-from .judge import CannotJudgeHere, Judge, JudgeCancelled, Verdict
 from .outbox import Outbox
-from .sandbox import Sandbox, SandboxFailure, SandboxUnavailable
+from .sandbox import Sandbox, SandboxUnavailable
+from .slot import JudgeSlot
 
 log = logging.getLogger("worker")
 
-# Stepping aside after a hand-back: 1, 2, 4 ... 30 s (±20 %), back to 1 s after a judging.
-STEP_ASIDE_INITIAL_SECS = 1.0
-STEP_ASIDE_MAX_SECS = 30.0
 
-
-def make_transport(cfg):
+def make_transport(cfg, slot: int | None = None):
     if cfg.transport == "arbiter":
         from .transport_arbiter import ArbiterTransport
 
-        return ArbiterTransport(cfg)
+        return ArbiterTransport(cfg, slot)
     from .transport_direct import DirectTransport
 
     return DirectTransport(cfg)
 
 
 class Worker:
+    """One worker host: its judge slots and what they share (outbox, test-data cache, stop signal)."""
+
     def __init__(self, cfg, sandbox: Sandbox | None = None):
         self.cfg = cfg
         self.stopping = threading.Event()
         self.outbox = Outbox(cfg.outbox_dir)
-        self.sandbox = sandbox or Sandbox(uid=cfg.sandbox.uid, gid=cfg.sandbox.gid,
-                                          cgroup_parent=cfg.sandbox.cgroup_parent,
-                                          launcher_dir=cfg.work_dir / "launcher")
-        self.judge = Judge(self.sandbox, cfg.testdata_dir, cfg.work_dir, output_limit_kb=cfg.sandbox.output_limit_kb,
-                           wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes,
-                           stderr_limit_kb=cfg.sandbox.stderr_limit_kb)
-        self.transport = make_transport(cfg)
+        self._delivering = threading.Lock()  # one delivery pass at a time, oldest entry first
+        self._judged_lock = threading.Lock()
+        self.judged = 0
+        self.data_store = None
         if cfg.transport == "arbiter":
             # Test data the lease names and this worker lacks is fetched from the arbiter (the shipped
             # directory serves as a pre-warmed cache); the legacy transport has no arbiter to ask.
-            self.judge.data_store = DataStore(cfg.data_dir, self.transport.client, prewarmed_dir=cfg.testdata_dir,
-                                              max_bytes=cfg.data_cache_max_mb << 20)
+            self.data_store = DataStore(cfg.data_dir, make_transport(cfg).client, prewarmed_dir=cfg.testdata_dir,
+                                        max_bytes=cfg.data_cache_max_mb << 20)
+        cpus = cfg.slot_cpus or ((),)
+        self.slots = [JudgeSlot(self, i, (cpus[i],) if cfg.slot_cpus else (), sandbox)
+                      for i in range(cfg.slots)]
         self._fallback = None  # the other transport, for outbox entries written under it
-        self.judged = 0
-        self.sandbox_failed = False  # take no work until the self-test passes again
-        self.sandbox_retry_delays = (1.0, 3.0)  # judging again after a sandbox failure
-        self._self_test_backoff = Backoff(cfg.backoff_initial_secs, 60.0)
-        # After handing back a submission it cannot judge (stale or missing test data, a checker of
-        # another digest), the worker steps aside for a while before it asks again: a parked worker
-        # that has what it takes gets the submission meanwhile, and a worker that lacks it cannot
-        # use up the submission's releases (max_releases) in a fraction of a second.
-        self._step_aside = Backoff(STEP_ASIDE_INITIAL_SECS, STEP_ASIDE_MAX_SECS)
+
+    def make_transport(self, slot: int | None):
+        return make_transport(self.cfg, slot)
+
+    def count_judged(self) -> None:
+        with self._judged_lock:
+            self.judged += 1
 
     # -- outbox ---------------------------------------------------------------------
     def _transport_for(self, entry):
-        if entry.transport == self.transport.name:
-            return self.transport
+        own = self.slots[0].transport
+        if entry.transport == own.name:
+            return own
         if entry.transport == "direct" and self.cfg.dsn or entry.transport == "arbiter" and self.cfg.arbiter_urls:
             if self._fallback is None:
                 from .transport_arbiter import ArbiterTransport
@@ -87,10 +84,15 @@ class Worker:
 
                 self._fallback = DirectTransport(self.cfg) if entry.transport == "direct" else ArbiterTransport(self.cfg)
             return self._fallback
-        return self.transport
+        return own
 
     def deliver_outbox(self, give_up_on_stop: bool = True) -> None:
-        """Deliver every entry, oldest first; each retried with backoff until 200 or 410."""
+        """Deliver every entry, oldest first; each retried with backoff until 200 or 410. Slots deliver
+        one at a time: a slot that finds another delivering waits, then delivers what is left."""
+        with self._delivering:
+            self._deliver_all(give_up_on_stop)
+
+    def _deliver_all(self, give_up_on_stop: bool) -> None:
         for path, entry in self.outbox.pending():
             backoff = Backoff(self.cfg.backoff_initial_secs, self.cfg.backoff_max_secs)
             while True:
@@ -109,118 +111,29 @@ class Worker:
                     return
                 self.stopping.wait(backoff.next_delay())
 
-    # -- the loop ---------------------------------------------------------------------
-    def sandbox_works(self) -> bool:
-        """After a sandbox failure: does the self-test pass again? (Waits with backoff if not.)"""
-        try:
-            self.sandbox.self_test(self.cfg.work_dir / "selftest")
-        except (SandboxUnavailable, OSError) as exc:  # self_test reports a SandboxFailure as unavailable
-            delay = self._self_test_backoff.next_delay()
-            log.error("sandbox still failing; taking no work", extra={"error": str(exc)[:300],
-                                                                     "retry_in_secs": round(delay, 1)})
-            self.stopping.wait(delay)
-            return False
-        log.info("sandbox works again; taking work")
-        self._self_test_backoff.reset()
-        self.sandbox_failed = False
-        return True
-
-    def judge_despite_sandbox_hiccups(self, job, lost: threading.Event):
-        """Judge; after a SandboxFailure judge again a little later. Raises the last SandboxFailure."""
-        for delay in (*self.sandbox_retry_delays, None):
-            try:
-                return self.judge.judge(job, cancelled=lost)
-            except SandboxFailure as exc:
-                if delay is None:
-                    raise
-                log.warning("sandbox failed; judging again", extra={"submission_id": job.submission_id,
-                                                                    "error": str(exc)[:300], "retry_in_secs": delay})
-                if lost.wait(delay):
-                    raise JudgeCancelled() from exc
-
-    def _hand_back(self, assignment, keepalive, what: str, reason: str) -> None:
-        """An arbiter lease this worker will not judge goes back at once, for another worker (if the
-        arbiter cannot be reached, the lease expires and the janitor hands it on)."""
-        log.error(f"{what}; handing the lease back so that another worker judges it",
-                  extra={"submission_id": assignment.job.submission_id, "reason": reason[:300]})
-        keepalive.stop()
-        self.transport.release(assignment, reason)
-
-    def run_once(self) -> bool:
-        """One assignment judged and delivered. False when there was nothing to do."""
-        if self.sandbox_failed and not self.sandbox_works():
-            return False
-        assignment = self.transport.next_assignment(self.stopping)
-        if assignment is None:
-            return False
-        job = assignment.job
-        faults.after_assignment()
-        if self.stopping.is_set() and assignment.lease_token is not None:
-            # Stopping: hand the new lease back (pending again at once, no attempt used); if the arbiter
-            # cannot be reached, the unconfirmed lease goes back to the queue by itself.
-            log.info("stopping: handing the new lease back", extra={"submission_id": job.submission_id})
-            self.transport.release(assignment, "the worker is stopping")
-            return True
-        # A legacy claim made as the stop arrived is judged like the one in hand: nothing would ever
-        # hand it back (the legacy scheme has no expiry), so leaving it would strand it in 'judging'.
-        log.info("judging", extra={"submission_id": job.submission_id, "language": job.language,
-                                   "lease_gen": assignment.lease_gen})
-        keepalive = self.transport.keep_alive(assignment)
-        try:
-            if keepalive.lost.is_set():
-                return True
-            try:
-                verdict = self.judge_despite_sandbox_hiccups(job, keepalive.lost)
-            except JudgeCancelled:
-                log.warning("judging abandoned: lease lost", extra={"submission_id": job.submission_id})
-                return True
-            except SandboxFailure as exc:
-                self.sandbox_failed = True
-                if assignment.lease_token is not None:
-                    self._hand_back(assignment, keepalive, "sandbox keeps failing", f"sandbox failure: {exc}")
-                    return True
-                log.error("sandbox keeps failing; reporting system_error", extra={
-                    "submission_id": job.submission_id, "error": str(exc)[:300]})
-                verdict = Verdict("system_error", detail={"reason": f"sandbox failure: {exc}"})
-            except CannotJudgeHere as exc:
-                if assignment.lease_token is not None:
-                    self._hand_back(assignment, keepalive, "cannot judge this submission here", str(exc))
-                    delay = self._step_aside.next_delay()
-                    log.info("stepping aside before asking for work again", extra={"delay_secs": round(delay, 2)})
-                    self.stopping.wait(delay)
-                    return True
-                log.error("cannot judge this submission here; reporting system_error",
-                          extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})
-                verdict = Verdict("system_error", detail={"reason": str(exc)})
-            except Exception as exc:  # noqa: BLE001 - a judge bug must not lose the lease silently
-                log.exception("judge failed", extra={"submission_id": job.submission_id})
-                verdict = Verdict("system_error", detail={"reason": f"judge error: {type(exc).__name__}"})
-        finally:
-            keepalive.stop()
-        if keepalive.lost.is_set():
-            log.warning("lease lost while judging; result dropped", extra={"submission_id": job.submission_id})
-            return True
-        self.outbox.put(self.transport.entry_for(assignment, verdict))
-        faults.after_outbox_write()
-        self.judged += 1
-        self._step_aside.reset()
-        log.info("judged", extra={"submission_id": job.submission_id, "verdict": verdict.verdict,
-                                  "time_ms": verdict.time_ms, "memory_kb": verdict.memory_kb})
-        self.deliver_outbox()
-        return True
+    # -- the slots ------------------------------------------------------------------
+    def interrupt(self) -> None:
+        """SIGTERM: cut every parked long-poll short."""
+        for slot in self.slots:
+            slot.interrupt()
 
     def run(self) -> int:
-        self.sandbox.self_test(self.cfg.work_dir / "selftest")
+        for slot in self.slots:
+            slot.self_test()
         log.info("worker started", extra={"worker_id": self.cfg.worker_id, "kind": self.cfg.kind,
-                                          "transport": self.cfg.transport, "cgroups": self.sandbox.cgroup_version})
+                                          "transport": self.cfg.transport, "slots": self.cfg.slots,
+                                          "slot_cpus": list(self.cfg.slot_cpus),
+                                          "cgroups": self.slots[0].sandbox.cgroup_version})
         self.deliver_outbox()
-        while not self.stopping.is_set():
-            try:
-                self.run_once()
-            except Exception:  # noqa: BLE001 - keep serving; supervisor would restart us anyway
-                log.exception("worker loop error")
-                self.stopping.wait(1.0)
-        self.transport.close()
+        if len(self.slots) == 1:
+            self.slots[0].run()
+        else:
+            threads = [threading.Thread(target=slot.run, name=f"slot-{slot.index}", daemon=True)
+                       for slot in self.slots]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         log.info("worker stopped", extra={"judged": self.judged})
         return 0
 
@@ -237,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             directory.mkdir(parents=True, exist_ok=True)
         worker = Worker(cfg)
         if args.check_config:
-            worker.sandbox.self_test(cfg.work_dir / "selftest")
-            print(f"config ok: {cfg.worker_id} ({cfg.kind}) via {cfg.transport}")
+            for slot in worker.slots:
+                slot.self_test()
+            print(f"config ok: {cfg.worker_id} ({cfg.kind}) via {cfg.transport}, {cfg.slots} slot(s)")
             return 0
     except config_mod.ConfigError as exc:
         print(f"judge-worker: config error: {exc}", file=sys.stderr)
@@ -251,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("stop requested", extra={"signal": signal.Signals(signum).name})
         worker.stopping.set()
         # A parked long-poll would otherwise hold the stop (and every restart) for up to long_poll_secs.
-        worker.transport.interrupt()
+        worker.interrupt()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -58,8 +59,15 @@ class Outbox:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.corrupt_dir = self.directory / "corrupt"
         self.rejected_dir = self.directory / "rejected"
+        # Judge slots write and deliver concurrently: pending() removes half-written files, which must
+        # never be another slot's write in progress.
+        self._lock = threading.Lock()
 
     def put(self, entry: Entry) -> Path:
+        with self._lock:
+            return self._put(entry)
+
+    def _put(self, entry: Entry) -> Path:
         final = self.directory / entry.filename
         tmp = self.directory / f".{entry.filename}.tmp"
         data = json.dumps(asdict(entry), sort_keys=True).encode()
@@ -75,6 +83,10 @@ class Outbox:
 
     def pending(self) -> list[tuple[Path, Entry]]:
         """Entries waiting for delivery, oldest first. Corrupt files are moved aside."""
+        with self._lock:
+            return self._pending()
+
+    def _pending(self) -> list[tuple[Path, Entry]]:
         for stale in self.directory.glob(".*.tmp"):
             # A crash between write and rename: the result was never complete, so it was never acknowledged.
             log.warning("removing incomplete outbox write", extra={"file": stale.name})

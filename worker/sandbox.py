@@ -84,8 +84,12 @@ class RunResult:
 
 class Sandbox:
     def __init__(self, uid: int = 65534, gid: int = 65534, bwrap: str | None = None,
-                 cgroup_parent: str = cgroups.DEFAULT_PARENT, launcher_dir: Path = DEFAULT_LAUNCHER_DIR):
+                 cgroup_parent: str = cgroups.DEFAULT_PARENT, launcher_dir: Path = DEFAULT_LAUNCHER_DIR,
+                 cpus: tuple[int, ...] = ()):
         self.uid = uid
+        # A judge slot's CPU(s): every run stays on them (a cpuset cgroup where the kernel offers one,
+        # else the affinity taskset sets, which the program could widen: timing, not isolation).
+        self.cpus = tuple(cpus)
         self.gid = gid
         self.cgroup_parent = cgroup_parent
         self.bwrap = bwrap or shutil.which("bwrap")
@@ -95,6 +99,9 @@ class Sandbox:
             if shutil.which(tool) is None:
                 raise SandboxUnavailable(f"{tool} (util-linux) is not installed")
         self.cgroup_version = cgroups.detect()
+        self.cpuset = bool(self.cpus) and cgroups.cpuset_available(self.cgroup_version)
+        if self.cpus and not self.cpuset and shutil.which("taskset") is None:
+            raise SandboxUnavailable("no cpuset cgroup and no taskset (util-linux): cannot pin the slot's CPU")
         self.launcher = build_launcher(launcher_dir)
 
     def self_test(self, scratch: Path) -> None:
@@ -155,7 +162,8 @@ class Sandbox:
             # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
             try:
                 group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
-                                          limits.max_processes, self.cgroup_parent)
+                                          limits.max_processes, self.cgroup_parent,
+                                          cpus=self.cpus if self.cpuset else ())
             except OSError as exc:
                 raise SandboxFailure(f"cannot set up the run's cgroup: {exc}") from exc
         else:
@@ -168,7 +176,8 @@ class Sandbox:
         # (SandboxFailure), whatever the exit status says.
         started_r, started_w = os.pipe()
         # prlimit(1) rather than preexec_fn: no Python runs between fork and exec in this threaded process.
-        inner = ["prlimit", *rlimits, "--",
+        pin = [] if self.cpuset or not self.cpus else ["taskset", "--cpu-list", ",".join(map(str, self.cpus))]
+        inner = [*pin, "prlimit", *rlimits, "--",
                  "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs",
                  "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
         # The shell moves itself into the cgroup before exec, so nothing escapes it by forking early.

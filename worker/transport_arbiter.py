@@ -74,8 +74,10 @@ class Heartbeats(threading.Thread):
 class ArbiterTransport:
     name = "arbiter"
 
-    def __init__(self, config):
+    def __init__(self, config, slot: int | None = None):
+        """``slot``: the judge slot this transport asks for (None: a worker with one slot, which sends none)."""
         self.config = config
+        self.slot = slot
         credential = (CredentialFile(config.credential_file, config.worker_id).current
                       if config.credential_file else config.credential)
         context = client_ssl_context(config.tls_ca_file) if config.tls_ca_file else None
@@ -90,7 +92,8 @@ class ArbiterTransport:
         if self._request_id is None:
             self._request_id = uuid.uuid4().hex
         try:
-            reply = self.client.acquire(self._request_id, list(self.config.languages), self.config.long_poll_secs)
+            reply = self.client.acquire(self._request_id, list(self.config.languages), self.config.long_poll_secs,
+                                        slot=self.slot)
         except Unreachable as exc:
             if stopping.is_set():
                 return None
