@@ -32,6 +32,12 @@ LAB = Statements("lab.sql")
 
 APLUSB = [("1 2\n", "3\n"), ("10 20\n", "30\n"), ("-5 5\n", "0\n")]
 REVERSE = [("abc\n", "cba\n"), ("racecar\n", "racecar\n")]
+# Mid-run, this problem's test data gains a case (as when data is fixed during a contest): what was
+# judged with the old data is rejudged (judgectl rejudge --data-changed), workers fetch the new data.
+CHANGED_PROBLEM = "reverse"
+REVERSE_V2 = [*REVERSE, ("judge\n", "egduj\n")]
+# Judge slots per lab worker: the production worker runs two (one per CPU) where there are two CPUs.
+LAB_SLOTS = {"home-1": 1, "home-2": 1, "prod-1": min(2, len(os.sched_getaffinity(0)))}
 
 SAMPLES = {  # (problem, language, expected verdict): source
     ("aplusb", "python3", "AC"): "a, b = map(int, input().split())\nprint(a + b)\n",
@@ -68,6 +74,8 @@ class Lab:
         self.supervisord: subprocess.Popen | None = None
         self.cluster = None
         self.kills = 0
+        self.data_changed = False
+        self.rejudged: set[int] = set()
 
     def _program(self, name: str, argv: list[str], env: dict) -> str:
         environment = ",".join(f'{k}="{v}"' for k, v in env.items())
@@ -112,12 +120,14 @@ class Lab:
                                                      "checker_sha256": None}).fetchone()[0]
                 problems[slug] = pid
                 _write_testdata(testdata, pid, cases)
+            self.problems = problems
             self.creds = {}
             for wid in ("home-1", "home-2", "prod-1"):
                 secret = credentials.new_secret()
                 conn.execute(OPS.add_worker, {"worker_id": wid, "kind": "production" if wid.startswith("prod") else "home",
                                               "languages": ["c", "cpp", "python3"],
-                                              "secret_sha256": credentials.hash_secret(secret)})
+                                              "secret_sha256": credentials.hash_secret(secret),
+                                              "slots": LAB_SLOTS[wid]})
                 self.creds[wid] = credentials.format_credential(wid, secret)
             users = [conn.execute(OPS.ensure_user, {"name": f"user{i}"}).fetchone()[0] for i in range(5)]
             rng = random.Random(7)
@@ -150,7 +160,9 @@ class Lab:
                 f'transport = "arbiter"\narbiter_urls = ["{self.url}"]\ncredential_file = "{home / "credential"}"\n'
                 f'tls_ca_file = "{self.ca_file}"\n'
                 f'outbox_dir = "{home / "outbox"}"\ntestdata_dir = "{testdata}"\nwork_dir = "{work / wid}"\n'
-                'heartbeat_interval_secs = 5.0\nlong_poll_secs = 10.0\nbackoff_max_secs = 5.0\n')
+                'heartbeat_interval_secs = 5.0\nlong_poll_secs = 10.0\nbackoff_max_secs = 5.0\n'
+                # The production worker judges with two slots (as many as the arbiter registered), one per CPU.
+                + (f"slots = {LAB_SLOTS[wid]}\n" if LAB_SLOTS[wid] > 1 else ""))
             programs.append(self._program(wid, [sys.executable, "-m", "worker.main", "--config",
                                                 str(home / "worker.toml")], {}))
         self._start_supervisord(programs)
@@ -168,6 +180,37 @@ class Lab:
                 self.kills += 1
             except ProcessLookupError:
                 pass
+
+    def judgectl(self, *args: str) -> str:
+        """The operator's own tool, as an operator would run it."""
+        done = subprocess.run([str(Path(sys.executable).with_name("judgectl")), *args], capture_output=True,
+                              text=True, timeout=120, env=dict(os.environ, JUDGE_DSN=self.dsn))
+        if done.returncode != 0:
+            raise RuntimeError(f"judgectl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def store_test_data(self) -> None:
+        """Every problem's test data into the database (judgectl problem data): leases name its digest."""
+        for pid in self.problems.values():
+            slug = next(s for s, p in self.problems.items() if p == pid)
+            self.judgectl("problem", "data", slug, str(self.base / "testdata" / str(pid)))
+
+    def change_test_data(self) -> None:
+        """Mid-run: CHANGED_PROBLEM's data gains a case. Workers keep the shipped copy (now stale) as
+        their pre-warmed cache and fetch the new set the leases name."""
+        v2 = self.base / "testdata-v2"
+        _write_testdata(v2, self.problems[CHANGED_PROBLEM], REVERSE_V2)
+        self.judgectl("problem", "data", CHANGED_PROBLEM, str(v2 / str(self.problems[CHANGED_PROBLEM])))
+        self.data_changed = True
+
+    def rejudge_stale(self) -> int:
+        """What was decided with the old data goes back to pending (judgectl rejudge --data-changed).
+        Run whenever the queue is empty: a judging that was in flight during the change ends with the
+        old data and is caught by the next call."""
+        out = self.judgectl("rejudge", "--problem", CHANGED_PROBLEM, "--data-changed")
+        ids = [int(line.split()[0]) for line in out.splitlines() if line.endswith(")") and "pending" in line]
+        self.rejudged.update(ids)
+        return len(ids)
 
     def progress(self, conn) -> tuple[dict, dict]:
         # The lab's own submissions only: the arbiter's canary probe adds canaries to the same table.
@@ -206,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         expected = lab.setup()
+        lab.store_test_data()
         started = time.monotonic()
         print(f"{len(expected)} submissions queued; arbiter at {lab.url}/status (the lab's CA: {lab.ca_file})")
         with psycopg.connect(lab.dsn, autocommit=True) as conn:
@@ -219,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\r[{time.monotonic() - started:5.1f}s] queue {queued:3d}  judging {judging:2d} "
                       f"(leases {leases_text})  done {done}/{len(expected)}  {verdicts}"
                       + (f"  kills {lab.kills}" if args.chaos else "") + "   ", end="", flush=True)
-                if done == len(expected):
+                if not lab.data_changed and conn.execute(LAB.decided_of_problem,
+                                                         {"slug": CHANGED_PROBLEM}).fetchone()[0]:
+                    lab.change_test_data()
+                    print(f"\n[{time.monotonic() - started:5.1f}s] test data of {CHANGED_PROBLEM} changed "
+                          "(judgectl problem data); rejudging what was judged with the old data")
+                if done == len(expected) and not (lab.data_changed and lab.rejudge_stale()):
                     break
                 if time.monotonic() - started > args.timeout:
                     print("\nlab: timed out", file=sys.stderr)
@@ -229,18 +278,25 @@ def main(argv: list[str] | None = None) -> int:
             print()
             rows = conn.execute(LAB.summary).fetchall()
             canaries = conn.execute(LAB.canary_summary).fetchone()
-        wrong = 0
-        print(f"\n{'id':>4} {'problem':<8} {'lang':<8} {'expected':<9} {'verdict':<13} {'worker':<7} judged")
-        for sid, slug, lang, status, worker, attempts, judged in rows:
+        wrong = stale = 0
+        print(f"\n{'id':>4} {'problem':<8} {'lang':<8} {'expected':<9} {'verdict':<13} {'worker/slot':<11} judged")
+        for sid, slug, lang, status, worker, attempts, judged, repeated, slot, current_data in rows:
             mark = "" if status == expected[sid] else "  <-- unexpected"
-            wrong += bool(mark)
-            print(f"{sid:>4} {slug:<8} {lang:<8} {expected[sid]:<9} {status:<13} {worker or '-':<7} {judged}x{mark}")
-        twice = sum(1 for r in rows if r[6] != 1)
-        print(f"\n{len(rows)} submissions, {len(rows) - wrong} with the expected verdict, {twice} judged more than "
-              f"once, 0 lost" + (f", {lab.kills} processes killed along the way" if args.chaos else "")
+            if not current_data and status != "CE":  # a compile error never reads test data
+                mark += "  <-- judged with old test data"
+                stale += 1
+            wrong += status != expected[sid]
+            where = (worker or "-") + ("" if slot is None else f"/{slot}")
+            note = " (rejudged: new test data)" if sid in lab.rejudged else ""
+            print(f"{sid:>4} {slug:<8} {lang:<8} {expected[sid]:<9} {status:<13} {where:<11} {judged}x{note}{mark}")
+        twice = sum(1 for r in rows if r[7] > 0)  # judged twice with the same test data
+        print(f"\n{len(rows)} submissions, {len(rows) - wrong} with the expected verdict, {twice} judged twice with "
+              f"the same test data, 0 lost" + (f", {lab.kills} processes killed along the way" if args.chaos else "")
               + f" ({time.monotonic() - started:.1f}s)")
+        print(f"test data of {CHANGED_PROBLEM} changed mid-run: {len(lab.rejudged)} submission(s) rejudged with "
+              f"the new data, {stale} left judged with the old")
         print(f"canaries of the arbiter's probe: {canaries[0]} of {canaries[1]} as expected")
-        return 0 if wrong == 0 and twice == 0 and canaries[0] == canaries[1] else 1
+        return 0 if wrong == 0 and twice == 0 and stale == 0 and canaries[0] == canaries[1] else 1
     except KeyboardInterrupt:
         interrupted = True
         print("\nlab: stopping")

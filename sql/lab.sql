@@ -5,13 +5,24 @@
 -- The lab's own submissions only: the arbiter's canary probe adds canaries to the same table.
 SELECT status, count(*) FROM submissions WHERE canary_expect IS NULL GROUP BY 1;
 
+-- name: decided_of_problem
+SELECT count(*) FROM submissions s JOIN problems p ON p.id = s.problem_id
+WHERE p.slug = %(slug)s AND s.canary_expect IS NULL AND s.status NOT IN ('pending', 'judging');
+
 -- name: judging_by_worker
 SELECT worker_id, count(*) FROM submissions WHERE status = 'judging' AND canary_expect IS NULL GROUP BY 1;
 
 -- name: summary
+-- Per submission: its judgings, how many of them used the same test data as another (judged twice
+-- for nothing), and the last judging's slot and whether it used the problem's current test data.
 SELECT s.id, p.slug, s.language, s.status, s.worker_id, s.judge_attempts,
-       (SELECT count(*) FROM submission_judgings j WHERE j.submission_id = s.id)
+       (SELECT count(*) FROM submission_judgings j WHERE j.submission_id = s.id) AS judged,
+       (SELECT count(*) - count(DISTINCT coalesce(j.data_digest, '')) FROM submission_judgings j
+        WHERE j.submission_id = s.id) AS repeated,
+       last.slot, last.data_digest IS NOT DISTINCT FROM p.data_digest AS current_data
 FROM submissions s JOIN problems p ON p.id = s.problem_id
+LEFT JOIN LATERAL (SELECT j.slot, j.data_digest FROM submission_judgings j WHERE j.submission_id = s.id
+                   ORDER BY j.seq DESC LIMIT 1) last ON true
 WHERE s.canary_expect IS NULL
 ORDER BY s.id;
 

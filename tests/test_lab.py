@@ -33,7 +33,15 @@ def run_lab(lab_dir, *args: str) -> subprocess.CompletedProcess:
 def test_lab_judges_every_sample_correctly_under_supervisord(lab_dir):
     result = run_lab(lab_dir, "--copies", "1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "11 submissions, 11 with the expected verdict, 0 judged more than once, 0 lost" in result.stdout
+    assert "11 submissions, 11 with the expected verdict, 0 judged twice with the same test data, 0 lost" in result.stdout
+    # The production worker judges with two slots, and the summary says which slot judged what.
+    assert re.search(r" prod-1/1 ", result.stdout) and re.search(r" prod-1/0 ", result.stdout), result.stdout[-3000:]
+    assert "slots = 2" in (lab_dir / "prod-1" / "worker.toml").read_text()
+    # One problem's test data changed mid-run: what was judged with the old data was judged again with
+    # the new, which the workers fetched (their shipped copy is the old one).
+    changed = re.search(r"test data of reverse changed mid-run: (\d+) submission\(s\) rejudged with the new "
+                        r"data, 0 left judged with the old", result.stdout)
+    assert changed and int(changed.group(1)) >= 1, result.stdout[-3000:]
     # The arbiter's canary probe runs in the lab as in production; its canaries are counted apart.
     assert re.search(r"canaries of the arbiter's probe: (\d+) of \1 as expected", result.stdout), result.stdout[-2000:]
     conf = (lab_dir / "supervisord.conf").read_text()
@@ -49,4 +57,5 @@ def test_lab_judges_every_sample_correctly_under_supervisord(lab_dir):
 def test_lab_chaos_kills_programs_and_loses_nothing(lab_dir):
     result = run_lab(lab_dir, "--copies", "3", "--chaos")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "33 submissions, 33 with the expected verdict, 0 judged more than once, 0 lost" in result.stdout
+    assert "33 submissions, 33 with the expected verdict, 0 judged twice with the same test data, 0 lost" in result.stdout
+    assert ", 0 left judged with the old" in result.stdout, result.stdout[-3000:]
