@@ -1,12 +1,12 @@
-"""docs/benchmarks.md is written by three commands: bench/run.py owns the file, bench/judge.py and
-bench/scale.py each own one section between their markers. Each keeps the others' parts as they
+"""docs/benchmarks.md is written by several commands: bench/run.py owns the file, each of
+SECTION_SCRIPTS owns one section between its markers. Each keeps the others' parts as they
 were written."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-SECTION_SCRIPTS = ("judge.py", "scale.py", "data.py")
+SECTION_SCRIPTS = ("judge.py", "scale.py", "data.py", "slots.py")
 
 
 def markers(script: str) -> tuple[str, str]:
