@@ -135,6 +135,9 @@ class ParkingLot:
         self._lock = threading.Lock()
         self._tickets: dict[tuple[str, str], Ticket] = {}
         self._per_worker: dict[str, int] = {}
+        # Parked requests per (worker, slot) of workers with several judge slots: a slot with one
+        # parked is idle, waiting for work (metric arbiter_slot_parked_requests).
+        self._per_slot: dict[tuple[str, int], int] = {}
         self._closed = False
 
     # -- the request's side ------------------------------------------------------
@@ -154,6 +157,7 @@ class ParkingLot:
             ticket.state = TicketState.PARKED
             self._tickets[ticket.key] = ticket
             self._per_worker[ticket.worker.worker_id] = self._per_worker.get(ticket.worker.worker_id, 0) + 1
+            self._count_slot(ticket, +1)
             self._gauge()
 
     def leave(self, ticket: Ticket, wait_if_matching: float) -> leases.Lease | None:
@@ -261,7 +265,16 @@ class ParkingLot:
                 self._per_worker[ticket.worker.worker_id] = left
             else:
                 del self._per_worker[ticket.worker.worker_id]
+            self._count_slot(ticket, -1)
             self._gauge()
+
+    def _count_slot(self, ticket: Ticket, change: int) -> None:
+        if ticket.worker.slots == 1:
+            return  # one series per parked worker would swamp /metrics at contest scale
+        key = (ticket.worker.worker_id, ticket.slot)
+        count = self._per_slot.get(key, 0) + change
+        self._per_slot[key] = count
+        METRICS.set_gauge("arbiter_slot_parked_requests", count, worker=key[0], slot=str(key[1]))
 
     def _gauge(self) -> None:
         METRICS.set_gauge("arbiter_parked_requests", len(self._tickets))

@@ -189,3 +189,26 @@ def test_sigterm_drains_every_slot(site):
     assert site["rows"]("SELECT id, status FROM submissions ORDER BY id") == [(s, "AC") for s in sids]
     assert site["rows"]("SELECT count(*) FROM submission_judgings") == [(2,)]
     assert not w.outbox_files()
+
+
+def test_the_parking_share_and_the_metric_are_per_slot():
+    from arbiter.metrics import METRICS
+    from arbiter.tickets import ParkingLot, Ticket, TooManyParked, WorkerIdentity
+
+    lot = ParkingLot(capacity=100, per_worker=2)
+    prod = WorkerIdentity("prod-slots", "production", ("python3",), slots=2)
+    home = WorkerIdentity("home-slots", "home", ("python3",))
+    tickets = [Ticket(worker=prod, request_id=f"r{i}", languages=("python3",), slot=i % 2) for i in range(4)]
+    for ticket in tickets:
+        lot.park(ticket)  # 2 per slot x 2 slots
+    with pytest.raises(TooManyParked):
+        lot.park(Ticket(worker=prod, request_id="r4", languages=("python3",), slot=0))
+    lot.park(Ticket(worker=home, request_id="h0", languages=("python3",)))
+    with pytest.raises(TooManyParked):
+        for i in range(1, 3):
+            lot.park(Ticket(worker=home, request_id=f"h{i}", languages=("python3",)))
+    assert METRICS.get("arbiter_slot_parked_requests", worker="prod-slots", slot="0") == 2
+    lot.leave(tickets[0], 0)
+    assert METRICS.get("arbiter_slot_parked_requests", worker="prod-slots", slot="0") == 1
+    assert METRICS.get("arbiter_slot_parked_requests", worker="prod-slots", slot="1") == 2
+    assert 'worker="home-slots"' not in METRICS.render(), "a one-slot worker gets no per-slot series"
