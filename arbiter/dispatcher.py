@@ -223,9 +223,9 @@ class Dispatcher:
                 self._dirty, self._swept_at = False, now
                 claimable = leases.claimable_work(conn)
             if tickets and self.legacy_compat:
-                conn.execute(leases.Q.legacy_mark_idle, {
-                    "worker_ids": [t.worker.worker_id for t in tickets],
-                    "kinds": [t.worker.kind for t in tickets]})
+                # One row per worker: a worker with several judge slots parks several tickets.
+                idle = {t.worker.worker_id: t.worker.kind for t in tickets}
+                conn.execute(leases.Q.legacy_mark_idle, {"worker_ids": list(idle), "kinds": list(idle.values())})
             if tickets and claimable:
                 if self.legacy_compat:
                     granted = self._match_one_by_one(conn, tickets, claimable)

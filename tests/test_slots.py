@@ -160,6 +160,33 @@ def test_two_slots_judge_two_submissions_at_once_each_on_its_own_cpu(site):
 
 
 @TWO_CPUS
+def test_two_slots_of_the_production_worker_beside_the_legacy_scheme(make_db, arbiters, workers, tmp_path):
+    """Stage 4's switch runs with the legacy tables still there: both slots are parked when the work
+    comes, and the round that marks parked workers idle for the legacy yield rule must not trip over
+    one worker twice (it did: no dispatch at all while both were parked)."""
+    db = make_db("stage1")  # the schema of stages 1-3: the legacy lock and turn rules still in force
+    with db.connect() as conn:
+        problem = seed_problem(conn, "aplusb", time_limit_ms=2000)
+        user = seed_user(conn, "alice")
+        cred = add_worker(conn, "prod-1", "production", slots=2)
+    testdata = write_testdata(tmp_path / "testdata", problem, APLUSB_TESTS).parent
+    a = arbiters.start(db.dsn)
+    long_poll = 25.0
+    workers("prod-1", "production", "arbiter", testdata, arbiter_urls=[a.url], credential=cred, slots=2,
+            **{**WORKER_FAST, "long_poll_secs": long_poll}).start()
+    wait_for(lambda: a.metric("arbiter_parked_requests") == 2, 30, what="both slots parked")
+    with db.connect() as conn:
+        sids = [leases.submit(conn, user, problem, "python3", SLOW_APLUSB) for _ in range(2)]
+        # Both parked requests get work long before either long-poll ends (milliseconds, normally).
+        wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status <> 'pending'").fetchone() == (2,),
+                 long_poll / 2, interval=0.1, what="both parked slots leased")
+        wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status = 'AC'").fetchone() == (2,),
+                 60, interval=0.3, what="both judged")
+        slots = conn.execute("SELECT slot, submission_id FROM submission_judgings ORDER BY slot").fetchall()
+        assert [s for s, _ in slots] == [0, 1] and sorted(i for _, i in slots) == sids, slots
+
+
+@TWO_CPUS
 def test_kill9_of_a_two_slot_worker_mid_judging_loses_nothing(site):
     a = site["arbiters"].start(site["db"].dsn, lease_secs=4.0, unconfirmed_secs=3.0)
     w = site["start_worker"](a)
