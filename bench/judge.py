@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
+from worker import cgroups  # noqa: E402
 from worker.sandbox import Limits, Sandbox  # noqa: E402
 
 BEGIN, END = markers("judge.py")
@@ -99,6 +100,17 @@ def main() -> int:
             boxed(["/box/empty"])
         bare_walls = [bare([str(box / "empty")])[0] for _ in range(args.runs)]
         boxed_runs = [boxed(["/box/empty"]) for _ in range(args.runs)]
+        # Where the overhead goes: the run's cgroup made and removed alone, and bwrap alone (the
+        # namespaces and mounts: the uid switch and bwrap with the same arguments, no cgroup, no
+        # launcher inside, no output pumps).
+        cgroup_walls = []
+        for _ in range(args.runs if sandbox.cgroup_version else 0):
+            started = time.perf_counter()
+            cgroups.RunCgroup(sandbox.cgroup_version, limits.memory_kb * 1024, limits.max_processes).remove()
+            cgroup_walls.append((time.perf_counter() - started) * 1000)
+        bwrap_argv = [str(sandbox.launcher), "--enter", "--uid", str(sandbox.uid), "--gid", str(sandbox.gid), "--",
+                      *sandbox._bwrap_args(box, False), "--", "/box/empty"]
+        bwrap_walls = [bare(bwrap_argv)[0] for _ in range(args.runs)]
         boxed_walls = [wall for wall, _ in boxed_runs]
         empty_cpu = [r.cpu_ms for _, r in boxed_runs]
         empty_rss = [r.memory_kb for _, r in boxed_runs]
@@ -148,6 +160,12 @@ def main() -> int:
         f"| | {p50(bare_walls):.1f} ms | {p50(boxed_walls):.1f} ms | {overhead:.1f} ms | "
         f"{p50(boxed_walls) / p50(bare_walls):.1f}x |",
         "",
+        "Where the overhead goes (p50 of the same number of runs, wall): "
+        + (f"the run's cgroup made and removed alone {p50(cgroup_walls):.1f} ms; " if cgroup_walls else "")
+        + f"bwrap alone with the same arguments (namespaces and mounts, after the uid switch; no cgroup, no "
+        f"launcher inside) {p50(bwrap_walls):.1f} ms, {p50(bwrap_walls) - p50(bare_walls):.1f} ms over bare; the "
+        "rest is the launcher inside, the report pipe and the output pumps.",
+        "",
         "| figure | reported | bare / expected | distance |",
         "|---|---|---|---|",
         f"| CPU of the empty program (max of {args.runs}) | {max(empty_cpu)} ms | ≤ 2 ms (goal) | "
@@ -170,11 +188,14 @@ def main() -> int:
         f"The CPU time of the same loop run bare spreads {bare_spread:.1f} % on this machine (a virtual machine "
         "with 2 shared cores): the sandbox cannot be steadier than its host, and the loop's figures above are "
         "as noisy as the bare ones. What the worker does for stable figures: the launcher reports the "
-        "program's own CPU time (no launch chain), and one submission is judged at a time per worker."
+        "program's own CPU time (no launch chain), and each judge slot runs one program at a time on a CPU "
+        "of its own (a cpuset; `bench/slots.py`)."
         if bare_spread > 3 else f"The same loop run bare spreads {bare_spread:.1f} %.",
         "",
         "Not reached: the per-run overhead goal of issue #14 (≤ 5 ms over a bare exec); each run still "
-        "creates its namespaces, mounts and cgroup (bash → prlimit → setpriv → bwrap → launcher)."
+        "creates its cgroup, namespaces and mounts (launcher --enter → bwrap → launcher); the breakdown "
+        "above says which part costs what, and a box kept for a whole submission (set up once, a fork per "
+        "test) is what would remove the rest."
         if overhead > 5 else "The per-run overhead is within the goal of issue #14 (≤ 5 ms over a bare exec).",
         END,
     ]

@@ -279,3 +279,48 @@ def test_cpu_used_by_processes_the_program_left_behind_is_charged(judge):
     result = judge.judge(job("c", CPU_IN_AN_ORPHAN_C, time_limit_ms=2000))
     assert result.verdict == "AC", result.detail
     assert all(t["time_ms"] >= 250 for t in result.detail["tests"]), result.detail
+
+
+PRIVILEGE_PROBE = """
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+limits = {line[:26].strip(): line[26:].split()[:2] for line in open("/proc/self/limits").read().splitlines()[1:]}
+print(repr({k: status[k].split() for k in ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                                          "NoNewPrivs", "Cpus_allowed_list")}))
+print(repr(limits))
+"""
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["unpinned", "pinned-by-affinity"])
+def test_the_program_runs_unprivileged_under_its_limits(tmp_path, pinned):
+    """What the launch chain sets before bwrap (launcher.c --enter): the sandbox uid and gid and no
+    other group, no capability, no_new_privs, the run's resource limits, and a slot's CPU where no
+    cpuset cgroup pins it."""
+    import ast
+
+    from worker.sandbox import Limits
+
+    box = sandbox_work_dir()
+    try:
+        (box / "probe.py").write_text(PRIVILEGE_PROBE)
+        cpu = max(os.sched_getaffinity(0))
+        sandbox = Sandbox(uid=SANDBOX_UID, gid=SANDBOX_UID, cpus=(cpu,) if pinned else ())
+        sandbox.cpuset = False  # the affinity path; the cpuset path is tests/test_slots.py's
+        limits = Limits(cpu_ms=1500, wall_ms=10000, memory_kb=262144)
+        result = sandbox.run(["/usr/bin/python3", "probe.py"], box=box, stdin=subprocess.DEVNULL,
+                             stdout=tmp_path / "out", stderr=tmp_path / "err", limits=limits)
+        assert result.exit_code == 0, (tmp_path / "err").read_text()
+        status_line, limits_line = (tmp_path / "out").read_text().splitlines()
+        status, rlimits = ast.literal_eval(status_line), ast.literal_eval(limits_line)
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
+    assert status["Uid"] == [str(SANDBOX_UID)] * 4 and status["Gid"] == [str(SANDBOX_UID)] * 4
+    assert status["Groups"] == []
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(status[caps][0], 16) == 0, (caps, status[caps])
+    assert status["NoNewPrivs"] == ["1"]
+    if pinned:
+        assert status["Cpus_allowed_list"] == [str(cpu)]
+    assert rlimits["Max cpu time"] == ["3", "3"]  # ceil(1.5 s) + 1, soft = hard
+    assert rlimits["Max core file size"] == ["0", "0"]
+    assert rlimits["Max open files"] == [str(limits.max_open_files)] * 2
+    assert rlimits["Max file size"] == [str(limits.output_kb * 1024)] * 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,9 @@ ETC_RO = ["/etc/ld.so.cache", "/etc/alternatives"]
 # How long the sandbox may take to start the program (namespaces, mounts, the uid switch) before the
 # run is this machine's failure. Not part of the program's wall-clock limit, which starts after it.
 START_TIMEOUT_SECS = 30.0
+# How often a running program is looked at for what wakes nobody: a cancelled judging (its exit,
+# the launcher's report and its output wake the watch at once).
+WATCH_SECS = 0.02
 # How much of a program's stderr is kept (its end): enough for a traceback's last lines in `detail`.
 STDERR_TAIL_BYTES = 4096
 # The launcher (worker/launcher.c): PID 1 inside the sandbox, it runs the program as its child and
@@ -88,20 +92,15 @@ class Sandbox:
                  cpus: tuple[int, ...] = ()):
         self.uid = uid
         # A judge slot's CPU(s): every run stays on them (a cpuset cgroup where the kernel offers one,
-        # else the affinity taskset sets, which the program could widen: timing, not isolation).
+        # else the CPU affinity the launcher sets, which the program could widen: timing, not isolation).
         self.cpus = tuple(cpus)
         self.gid = gid
         self.cgroup_parent = cgroup_parent
         self.bwrap = bwrap or shutil.which("bwrap")
         if self.bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-        for tool in ("setpriv", "prlimit"):
-            if shutil.which(tool) is None:
-                raise SandboxUnavailable(f"{tool} (util-linux) is not installed")
         self.cgroup_version = cgroups.detect()
         self.cpuset = bool(self.cpus) and cgroups.cpuset_available(self.cgroup_version)
-        if self.cpus and not self.cpuset and shutil.which("taskset") is None:
-            raise SandboxUnavailable("no cpuset cgroup and no taskset (util-linux): cannot pin the slot's CPU")
         self.launcher = build_launcher(launcher_dir)
 
     def self_test(self, scratch: Path) -> None:
@@ -155,8 +154,8 @@ class Sandbox:
         file and in ``RunResult.stderr_tail``), past ``limits.stderr_kb`` the run is OLE."""
         cpu_s = max(1, -(-limits.cpu_ms // 1000))
         # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
-        rlimits = [f"--cpu={cpu_s + 1}", f"--fsize={limits.output_kb * 1024}",
-                   f"--nofile={limits.max_open_files}", "--core=0"]
+        rlimits = [f"cpu={cpu_s + 1}", f"fsize={limits.output_kb * 1024}",
+                   f"nofile={limits.max_open_files}", "core=0"]
         group = None
         if self.cgroup_version:
             # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
@@ -168,22 +167,25 @@ class Sandbox:
                 raise SandboxFailure(f"cannot set up the run's cgroup: {exc}") from exc
         else:
             # RLIMIT_NPROC counts every process of the sandbox uid on the machine, not this run's: other
-            # runs (another worker, a fork bomb being killed) use it up and then setpriv cannot even
-            # exec bwrap. Only without a pids cgroup is it the limit of last resort.
-            rlimits += [f"--as={limits.memory_kb * 1024}", f"--nproc={limits.max_processes}"]
+            # runs (another worker, a fork bomb being killed) use it up and then bwrap cannot even
+            # fork. Only without a pids cgroup is it the limit of last resort.
+            rlimits += [f"as={limits.memory_kb * 1024}", f"nproc={limits.max_processes}"]
         # The launcher, the last step inside the finished sandbox, reports on this pipe (as fd 9) that it
         # starts the program, and how the program ended: no start report means the sandbox failed
         # (SandboxFailure), whatever the exit status says.
         started_r, started_w = os.pipe()
-        # prlimit(1) rather than preexec_fn: no Python runs between fork and exec in this threaded process.
-        pin = [] if self.cpuset or not self.cpus else ["taskset", "--cpu-list", ",".join(map(str, self.cpus))]
-        inner = [*pin, "prlimit", *rlimits, "--",
-                 "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs",
-                 "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
-        # The shell moves itself into the cgroup before exec, so nothing escapes it by forking early.
-        script = "".join(f'echo $$ > "{f}" && ' for f in (group.procs_files if group is not None else ()))
-        script += ("" if started_w == 9 else f"exec 9>&{started_w} {started_w}>&- && ") + 'exec "$@"'
-        inner = ["/bin/bash", "-c", script, "sandbox", *inner]
+        # The launcher's first step (launcher.c, --enter) rather than preexec_fn: no Python runs between
+        # fork and exec in this threaded process. It joins the cgroups before anything can fork, so
+        # nothing escapes them, then limits, drops to the sandbox uid and execs bwrap.
+        enter = [str(self.launcher), "--enter", "--uid", str(self.uid), "--gid", str(self.gid),
+                 "--report-fd", str(started_w)]
+        for procs in group.procs_files if group is not None else ():
+            enter += ["--cgroup-procs", procs]
+        if self.cpus and not self.cpuset:
+            enter += ["--cpus", ",".join(map(str, self.cpus))]
+        for limit in rlimits:
+            enter += ["--rlimit", limit]
+        inner = [*enter, "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
         launched = time.monotonic()
         program_started_at: float | None = None
         wall_timeout = False
@@ -211,26 +213,36 @@ class Sandbox:
             os.set_blocking(started_r, False)
             report = _LauncherReport(started_r)
             deadline = launched + START_TIMEOUT_SECS
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if program_started_at is None and report.read().started:
-                    program_started_at = time.monotonic()
-                    deadline = program_started_at + limits.wall_ms / 1000
-                overflow = any(p.exceeded.is_set() for p in pumps)
-                stop = cancelled is not None and cancelled.is_set()
-                if time.monotonic() > deadline or overflow or stop:
-                    wall_timeout = program_started_at is not None and not (overflow or stop)
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    if group is not None:
-                        group.kill_all()
-                    pid, status, usage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.005)
+            # Woken at once by the chain's exit (its pidfd) or the launcher's report, not by polling:
+            # a sleep between looks added half its length to every run on average.
+            exited = os.pidfd_open(proc.pid)
+            try:
+                while True:
+                    watched = [exited] if program_started_at is not None or report.eof else [exited, started_r]
+                    watched += [p.fd for p in pumps if not p.closed]
+                    select.select(watched, [], [], max(0.0, min(deadline - time.monotonic(), WATCH_SECS)))
+                    for p in pumps:
+                        p.pump()
+                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if pid:
+                        break
+                    if program_started_at is None and report.read().started:
+                        program_started_at = time.monotonic()
+                        deadline = program_started_at + limits.wall_ms / 1000
+                    overflow = any(p.exceeded for p in pumps)
+                    stop = cancelled is not None and cancelled.is_set()
+                    if time.monotonic() > deadline or overflow or stop:
+                        wall_timeout = program_started_at is not None and not (overflow or stop)
+                        try:
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                        if group is not None:
+                            group.kill_all()
+                        pid, status, usage = os.wait4(proc.pid, 0)
+                        break
+            finally:
+                os.close(exited)
             ended = time.monotonic()
             report.read()  # every writer has exited: the rest of the report, if any
             if program_started_at is None and report.started:  # started and ended between looks
@@ -238,11 +250,13 @@ class Sandbox:
             program_started = program_started_at is not None
             wall_ms = int((ended - (program_started_at or launched)) * 1000)
             for p in pumps:
-                p.finish()
+                p.finish(ended + 10)
             oom = group.oom_killed() if group is not None else False
             peak_kb = group.peak_kb() if group is not None else None
         finally:
             os.close(started_r)
+            for p in pumps:
+                p.abandon()  # after an error mid-run: no descriptor left open (a no-op after finish)
             if group is not None:
                 group.remove()
         code = os.waitstatus_to_exitcode(status)
@@ -275,7 +289,7 @@ class Sandbox:
             memory_kb=memory_kb,
             oom_killed=oom,
             wall_timeout=wall_timeout,
-            output_exceeded=sig == signal.SIGXFSZ or any(p.exceeded.is_set() for p in pumps),
+            output_exceeded=sig == signal.SIGXFSZ or any(p.exceeded for p in pumps),
             stderr_tail=err_pump.tail_text() if err_pump is not None else "",
         )
 
@@ -288,6 +302,7 @@ class _LauncherReport:
         self.fd = fd
         self.text = b""
         self.started = False
+        self.eof = False  # every writer closed the pipe
         self.done: tuple[int, int, int] | None = None  # (wait status, CPU us, peak RSS KiB)
 
     def read(self) -> _LauncherReport:
@@ -297,6 +312,7 @@ class _LauncherReport:
             except BlockingIOError:
                 break
             if not chunk:
+                self.eof = True
                 break
             self.text += chunk[: 1024 - len(self.text)]
         lines = self.text.split(b"\n")
@@ -309,66 +325,93 @@ class _LauncherReport:
         return self
 
 
-class _OutputPump(threading.Thread):
-    """Copies the program's stdout to a file, up to ``limit`` bytes; beyond that it flags the overflow."""
+class _Pump:
+    """Reads one of the program's output pipes in the run's own watch loop (no thread: a thread's
+    start and join cost a millisecond of every run). ``pump`` takes what is there without blocking;
+    past ``limit`` bytes the overflow is flagged and the pipe closed (the program's next write fails)."""
+
+    def __init__(self, pipe, limit: int):
+        self.pipe = pipe
+        self.fd = pipe.fileno()
+        os.set_blocking(self.fd, False)
+        self.limit = limit
+        self.total = 0
+        self.exceeded = False
+        self.closed = False
+
+    def pump(self) -> None:
+        while not self.closed:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._close()
+                return
+            self.total += len(chunk)
+            self.take(chunk)
+            if self.total > self.limit:
+                self.exceeded = True
+                self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        self.pipe.close()
+
+    def abandon(self) -> None:
+        if not self.closed:
+            self._close()
+        out = getattr(self, "out", None)
+        if out is not None:
+            out.close()
+
+    def drain(self, deadline: float) -> None:
+        """After the run: what the program wrote last, up to the end of the pipe (every writer is
+        gone by then; the deadline only guards against a pipe something still holds)."""
+        while not self.closed and time.monotonic() < deadline:
+            select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            self.pump()
+        if not self.closed:
+            self._close()
+
+    def take(self, chunk: bytes) -> None:
+        raise NotImplementedError
+
+
+class _OutputPump(_Pump):
+    """The program's stdout into a file, up to ``limit`` bytes."""
 
     def __init__(self, pipe, path: Path, limit: int):
-        super().__init__(daemon=True)
-        self.pipe = pipe
-        self.path = path
-        self.limit = limit
-        self.exceeded = threading.Event()
-        self.start()
+        super().__init__(pipe, limit)
+        self.out = open(path, "wb")
+        self.written = 0
 
-    def run(self) -> None:
-        written = 0
-        with open(self.path, "wb") as out:
-            while True:
-                chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
-                if not chunk:
-                    break
-                if written + len(chunk) > self.limit:
-                    out.write(chunk[: self.limit - written])
-                    self.exceeded.set()
-                    break
-                out.write(chunk)
-                written += len(chunk)
-        self.pipe.close()
+    def take(self, chunk: bytes) -> None:
+        room = self.limit - self.written
+        if room > 0:
+            self.out.write(chunk[:room])
+            self.written += min(room, len(chunk))
 
-    def finish(self) -> None:
-        self.join(timeout=10)
+    def finish(self, deadline: float) -> None:
+        self.drain(deadline)
+        self.out.close()
 
 
-class _TailPump(threading.Thread):
-    """Reads the program's stderr, keeping only its last ``tail`` bytes; past ``limit`` bytes in all it
-    flags the overflow and stops reading. The tail is written to ``path`` at the end."""
+class _TailPump(_Pump):
+    """The program's stderr, keeping only its last ``tail`` bytes (written to ``path`` at the end)."""
 
     def __init__(self, pipe, path: Path, limit: int, tail: int):
-        super().__init__(daemon=True)
-        self.pipe = pipe
+        super().__init__(pipe, limit)
         self.path = path
-        self.limit = limit
         self.tail = tail
         self.kept = bytearray()
-        self.exceeded = threading.Event()
-        self.start()
 
-    def run(self) -> None:
-        total = 0
-        while True:
-            chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
-            if not chunk:
-                break
-            total += len(chunk)
-            self.kept += chunk
-            del self.kept[:-self.tail]
-            if total > self.limit:
-                self.exceeded.set()
-                break
-        self.pipe.close()
+    def take(self, chunk: bytes) -> None:
+        self.kept += chunk
+        del self.kept[:-self.tail]
 
-    def finish(self) -> None:
-        self.join(timeout=10)
+    def finish(self, deadline: float) -> None:
+        self.drain(deadline)
         self.path.write_bytes(bytes(self.kept))
 
     def tail_text(self) -> str:
