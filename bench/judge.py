@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/judge.py --write docs/benchmarks.md
 
-Measures, in one run (root, bubblewrap, gcc): per-run overhead of the sandbox over a bare exec;
+Measures, in one run (root, bubblewrap, gcc): per-run overhead of the sandbox over a bare exec (and
+where it goes); a 100-test problem judged end to end against the same compile and runs done bare;
 the CPU time reported for an empty program and for a busy loop against the loop's bare CPU time;
 the memory reported for a program that touches exactly N MB; a 1 MB program reading 100 MB of
 input with a cold and a warm page cache; the spread of a busy loop's CPU time over 10 runs.
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
 from worker import cgroups  # noqa: E402
+from worker.judge import Job, Judge  # noqa: E402
 from worker.sandbox import Limits, Sandbox  # noqa: E402
 
 BEGIN, END = markers("judge.py")
@@ -72,6 +74,48 @@ def bare(argv: list[str], stdin=subprocess.DEVNULL) -> tuple[float, float, int]:
     _, _, usage = os.wait4(proc.pid, 0)
     wall = (time.perf_counter() - started) * 1000
     return wall, (usage.ru_utime + usage.ru_stime) * 1000, usage.ru_maxrss
+
+
+APLUSB_C = "#include <stdio.h>\nint main(void){long a,b;scanf(\"%ld %ld\",&a,&b);printf(\"%ld\\n\",a+b);return 0;}\n"
+
+
+def judge_100_tests(sandbox: Sandbox, scratch: Path) -> dict:
+    """A C A+B judged end to end by the worker's Judge on a problem of 100 tests (compile, 100 sandboxed
+    runs, 100 comparisons) against the same work done bare: gcc, then the binary forked and exec'd
+    once per test with the test's input and an output file."""
+    root = Path(tempfile.mkdtemp(prefix="judge-bench-100-", dir=scratch))
+    root.chmod(0o755)
+    try:
+        tests = root / "testdata" / "1"
+        tests.mkdir(parents=True)
+        for i in range(1, 101):
+            (tests / f"{i}.in").write_text(f"{i} {i * 7}\n")
+            (tests / f"{i}.out").write_text(f"{i * 8}\n")
+        work = root / "work"
+        work.mkdir()
+        work.chmod(0o711)
+        judge = Judge(sandbox, root / "testdata", work)
+        job = Job(submission_id=1, problem_id=1, problem_slug="aplusb", language="c", source=APLUSB_C,
+                  time_limit_ms=1000, memory_limit_kb=262144)
+        judge.judge(job)  # warm up (the compiler's files in the page cache, as on a busy worker)
+        started = time.perf_counter()
+        verdict = judge.judge(job)
+        judged = (time.perf_counter() - started) * 1000
+        bare_dir = root / "bare"
+        bare_dir.mkdir()
+        (bare_dir / "main.c").write_text(APLUSB_C)
+        started = time.perf_counter()
+        subprocess.run(["/usr/bin/gcc", "-O2", "-std=gnu17", "-pipe", "-o", "main", "main.c", "-lm"],
+                       cwd=bare_dir, check=True)
+        compiled = time.perf_counter()
+        for i in range(1, 101):
+            with open(tests / f"{i}.in", "rb") as given, open(bare_dir / "out", "wb") as out:
+                subprocess.run([str(bare_dir / "main")], stdin=given, stdout=out, check=True)
+        ran = time.perf_counter()
+        return {"verdict": verdict.verdict, "judged_ms": judged, "bare_compile_ms": (compiled - started) * 1000,
+                "bare_runs_ms": (ran - compiled) * 1000}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:
@@ -137,6 +181,7 @@ def main() -> int:
                     os.fsync(f.fileno())
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
                 cache[state] = boxed(["/box/readall"], stdin=f)[1].memory_kb
+        end_to_end = judge_100_tests(sandbox, box.parent)
     finally:
         shutil.rmtree(box, ignore_errors=True)
         for suffix in (".out", ".err"):
@@ -180,6 +225,11 @@ def main() -> int:
         # (A bare run's peak RSS starts at the forking Python's size, hence "touched", not "bare".)
         lines.append(f"| memory of a program touching {mb} MB | {reported / 1024:.1f} MB | {mb} MB touched "
                      f"(bare: {bare_rss / 1024:.1f} MB) | {reported / 1024 - mb:+.1f} MB (libc, stack) |")
+    bare_total = end_to_end["bare_compile_ms"] + end_to_end["bare_runs_ms"]
+    lines.append(f"| a C A+B judged end to end, 100 tests (verdict {end_to_end['verdict']}) | "
+                 f"{end_to_end['judged_ms']:.0f} ms | {bare_total:.0f} ms bare (gcc {end_to_end['bare_compile_ms']:.0f} ms "
+                 f"+ 100 runs {end_to_end['bare_runs_ms']:.0f} ms) | {end_to_end['judged_ms'] - bare_total:+.0f} ms, "
+                 f"{(end_to_end['judged_ms'] - bare_total) / 100:.1f} ms per test ({end_to_end['judged_ms'] / bare_total:.1f}x) |")
     for state, reported in cache.items():
         lines.append(f"| memory of a 64 KB-buffer program reading 100 MB ({state} cache) | "
                      f"{reported / 1024:.1f} MB | not the input's 100 MB | |")

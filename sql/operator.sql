@@ -76,7 +76,9 @@ WHERE canary_expect IS NOT NULL AND status IN ('pending', 'judging');
 SELECT greatest(reltuples, 0)::bigint AS estimate FROM pg_class WHERE oid = 'submissions'::regclass;
 
 -- name: status_leases
-SELECT s.id AS submission_id, s.worker_id, g.slot, s.lease_gen, s.judge_attempts,
+SELECT s.id AS submission_id, s.worker_id,
+       CASE WHEN g.worker_id = s.worker_id THEN s.lease_slot END AS slot,  -- a legacy claim has none
+       s.lease_gen, s.judge_attempts,
        s.lease_confirmed_at IS NOT NULL AS confirmed,
        round(extract(epoch FROM now() - g.granted_at)::numeric, 1)::float AS age_s,
        round(extract(epoch FROM s.lease_expires_at - now())::numeric, 1)::float AS expires_in_s

@@ -27,6 +27,7 @@ WITH candidate AS (
     UPDATE submissions s
     SET status = 'judging',
         worker_id = %(worker_id)s,
+        lease_slot = %(slot)s,
         lease_token = gen_random_uuid(),
         lease_gen = s.lease_gen + 1,
         judge_attempts = s.judge_attempts + 1,
@@ -38,8 +39,8 @@ WITH candidate AS (
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
               s.lease_expires_at, s.judge_attempts
 ), granted AS (
-    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id, slot)
-    SELECT lease_token, id, lease_gen, %(worker_id)s, %(request_id)s, %(slot)s FROM leased
+    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
+    SELECT lease_token, id, lease_gen, %(worker_id)s, %(request_id)s FROM leased
     RETURNING lease_token
 ), noted AS (
     UPDATE workers SET last_lease_at = now()
@@ -79,6 +80,7 @@ WITH wanted AS (
     UPDATE submissions s
     SET status = 'judging',
         worker_id = pairs.worker_id,
+        lease_slot = pairs.slot,
         lease_token = gen_random_uuid(),
         lease_gen = s.lease_gen + 1,
         judge_attempts = s.judge_attempts + 1,
@@ -88,10 +90,10 @@ WITH wanted AS (
     FROM pairs
     WHERE s.id = pairs.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
-              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id, pairs.slot
+              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id
 ), granted AS (
-    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id, slot)
-    SELECT lease_token, id, lease_gen, worker_id, request_id, slot FROM leased
+    INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
+    SELECT lease_token, id, lease_gen, worker_id, request_id FROM leased
     RETURNING lease_token
 ), noted AS (
     UPDATE workers SET last_lease_at = now()
@@ -132,13 +134,13 @@ WITH decided AS (
     SET status = %(verdict)s, judged_at = now(), lease_expires_at = NULL
     WHERE id = %(submission_id)s AND status = 'judging'
       AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
-    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect
+    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect, lease_slot
 ), history AS (
     INSERT INTO submission_judgings
         (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by, data_digest,
          slot)
     SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, lease_token, lease_gen, 'worker',
-           %(data_digest)s, (SELECT g.slot FROM lease_grants g WHERE g.lease_token = decided.lease_token)
+           %(data_digest)s, lease_slot
     FROM decided
     RETURNING seq
 ), first_pass AS (

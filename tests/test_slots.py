@@ -130,7 +130,7 @@ def test_an_acquire_names_one_of_the_workers_registered_slots(site):
     assert reply.status == 422 and site["rows"]("SELECT count(*) FROM lease_grants") == [(0,)], "a refused acquire wrote"
     reply = client.acquire(uuid.uuid4().hex, ["python3"], 1, slot=1)
     assert reply.status == 200 and reply.body["submission_id"] == sid
-    assert site["rows"]("SELECT slot FROM lease_grants WHERE submission_id = %s", sid) == [(1,)]
+    assert site["rows"]("SELECT lease_slot FROM submissions WHERE id = %s", sid) == [(1,)]
     token = reply.body["lease_token"]
     assert client.result(sid, {"lease_token": token, "verdict": "WA", "time_ms": 1, "memory_kb": 1}).status == 200
     assert site["rows"]("SELECT slot, verdict FROM submission_judgings WHERE submission_id = %s", sid) == [(1, "WA")]
@@ -193,7 +193,7 @@ def test_kill9_of_a_two_slot_worker_mid_judging_loses_nothing(site):
     sids = [site["submit"](SLOW_APLUSB) for _ in range(2)]
     wait_for(lambda: site["rows"]("SELECT count(*) FROM submissions WHERE status = 'judging' "
                                   "AND lease_confirmed_at IS NOT NULL") == [(2,)], 30, what="both slots judging")
-    assert sorted(s for (s,) in site["rows"]("SELECT slot FROM lease_grants")) == [0, 1]
+    assert sorted(s for (s,) in site["rows"]("SELECT lease_slot FROM submissions")) == [0, 1]
     w.kill9()
     w.start()
     wait_for(lambda: site["rows"]("SELECT count(*) FROM submissions WHERE status = 'AC'") == [(2,)], 90,

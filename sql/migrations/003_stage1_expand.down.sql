@@ -18,6 +18,7 @@ ALTER TABLE submission_judgings
 DROP TABLE lease_grants;
 DROP TABLE workers;
 ALTER TABLE submissions
+    DROP COLUMN lease_slot,
     DROP COLUMN lease_releases,
     DROP COLUMN lease_confirmed_at,
     DROP COLUMN lease_expires_at,

@@ -7,7 +7,11 @@ ALTER TABLE submissions
     ADD COLUMN lease_expires_at     timestamptz,
     ADD COLUMN lease_confirmed_at   timestamptz,
     -- Leases handed back by their workers since the last rejudge (release_lease); bounded.
-    ADD COLUMN lease_releases       integer NOT NULL DEFAULT 0 CHECK (lease_releases >= 0);
+    ADD COLUMN lease_releases       integer NOT NULL DEFAULT 0 CHECK (lease_releases >= 0),
+    -- The worker's judge slot the lease went to (0 .. workers.slots - 1; kept after the lease ends,
+    -- like worker_id). On the row itself, so whoever records the result (the legacy role delivering
+    -- an arbiter outbox entry after a rollback included) reads it with the row it decides.
+    ADD COLUMN lease_slot           smallint CHECK (lease_slot >= 0);
 CREATE UNIQUE INDEX submissions_lease_token_idx ON submissions (lease_token) WHERE lease_token IS NOT NULL;
 CREATE INDEX submissions_lease_expiry_idx ON submissions (lease_expires_at) WHERE status = 'judging';
 
@@ -37,8 +41,6 @@ CREATE TABLE lease_grants (
     lease_gen       bigint NOT NULL,
     worker_id       text NOT NULL,
     request_id      text NOT NULL,
-    -- The worker's judge slot the lease was granted to (0 .. workers.slots - 1).
-    slot            smallint NOT NULL DEFAULT 0 CHECK (slot >= 0),
     granted_at      timestamptz NOT NULL DEFAULT now(),
     UNIQUE (worker_id, request_id),
     UNIQUE (submission_id, lease_gen)
