@@ -191,8 +191,7 @@ class Lab:
 
     def store_test_data(self) -> None:
         """Every problem's test data into the database (judgectl problem data): leases name its digest."""
-        for pid in self.problems.values():
-            slug = next(s for s, p in self.problems.items() if p == pid)
+        for slug, pid in self.problems.items():
             self.judgectl("problem", "data", slug, str(self.base / "testdata" / str(pid)))
 
     def change_test_data(self) -> None:

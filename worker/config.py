@@ -157,17 +157,17 @@ def slot_cpus_for(slots: int, given: list | None, transport: str) -> tuple[int, 
             raise ConfigError("slot_cpus must not name a CPU twice: each slot has its own")
         outside = sorted(set(given) - set(usable))
         if outside:
-            raise ConfigError(f"slot_cpus {outside} are not CPUs this worker may use ({_ranges(usable)})")
+            raise ConfigError(f"slot_cpus {outside} are not CPUs this worker may use ({_cpu_list(usable)})")
         return tuple(given)
     if slots == 1:
         return ()
     if slots > len(usable):
-        raise ConfigError(f"slots = {slots} but this worker may use {len(usable)} CPU(s) ({_ranges(usable)}): "
+        raise ConfigError(f"slots = {slots} but this worker may use {len(usable)} CPU(s) ({_cpu_list(usable)}): "
                           "each slot needs its own")
     return tuple(usable[-slots:])
 
 
-def _ranges(cpus: list[int]) -> str:
+def _cpu_list(cpus: list[int]) -> str:
     return ",".join(str(c) for c in cpus)
 
 

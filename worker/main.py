@@ -54,15 +54,18 @@ class Worker:
         self._delivering = threading.Lock()  # one delivery pass at a time, oldest entry first
         self._judged_lock = threading.Lock()
         self.judged = 0
+        self.slots = [JudgeSlot(self, i, (cfg.slot_cpus[i],) if cfg.slot_cpus else (), sandbox)
+                      for i in range(cfg.slots)]
         self.data_store = None
         if cfg.transport == "arbiter":
             # Test data the lease names and this worker lacks is fetched from the arbiter (the shipped
             # directory serves as a pre-warmed cache); the legacy transport has no arbiter to ask.
+            # One cache for the host, with a client of its own: a slot's client may be parked in a
+            # long-poll (and is cut short on SIGTERM) while another slot fetches.
             self.data_store = DataStore(cfg.data_dir, make_transport(cfg).client, prewarmed_dir=cfg.testdata_dir,
                                         max_bytes=cfg.data_cache_max_mb << 20)
-        cpus = cfg.slot_cpus or ((),)
-        self.slots = [JudgeSlot(self, i, (cpus[i],) if cfg.slot_cpus else (), sandbox)
-                      for i in range(cfg.slots)]
+            for slot in self.slots:
+                slot.judge.data_store = self.data_store
         self._fallback = None  # the other transport, for outbox entries written under it
 
     def make_transport(self, slot: int | None):

@@ -92,7 +92,6 @@ class JudgeSlot:
         self.judge = Judge(self.sandbox, cfg.testdata_dir, self.work_dir, output_limit_kb=cfg.sandbox.output_limit_kb,
                            wall_factor=cfg.sandbox.wall_factor, max_processes=cfg.sandbox.max_processes,
                            stderr_limit_kb=cfg.sandbox.stderr_limit_kb)
-        self.judge.data_store = worker.data_store
         self.transport = worker.make_transport(None if cfg.slots == 1 else index)
         # Every log line of a slot names it (when there are several).
         self.tag = {} if cfg.slots == 1 else {"slot": index}
