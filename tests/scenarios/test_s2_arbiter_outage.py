@@ -28,21 +28,31 @@ def test_outage_longer_than_lease_judges_nothing_twice_and_fails_nothing(db, arb
         problem = seed_problem(conn, xp_reward=10, time_limit_ms=int(OUTAGE_SECS * 1000))
         user = seed_user(conn)
         creds = {w: add_worker(conn, w) for w in ("home-1", "home-2")}
-        # home-1's submission finishes during the outage (its result waits in the outbox);
-        # home-2's is still running when the arbiter comes back (its heartbeats resume).
-        finishes_in_outage = leases.submit(conn, user, problem, "python3", sleepy_aplusb(0.4))
-        outlives_outage = leases.submit(conn, user, problem, "python3", sleepy_aplusb(OUTAGE_SECS / 2))
     testdata = tmp_path / "testdata"
     write_testdata(testdata, problem, APLUSB_TESTS)
     a = arbiters.start(db.dsn, lease_secs=3.0, unconfirmed_secs=2.0, grace_secs=6.0)
-    started = {}
-    for worker_id in ("home-1", "home-2"):
-        started[worker_id] = workers(worker_id, "home", "arbiter", testdata, arbiter_urls=[a.url],
-                                     credential=creds[worker_id], **WORKER).start()
+    started = {worker_id: workers(worker_id, "home", "arbiter", testdata, arbiter_urls=[a.url],
+                                  credential=creds[worker_id], **WORKER).start()
+               for worker_id in ("home-1", "home-2")}
+    # Both workers park before anything is submitted, so who judges what is decided by the arbiter,
+    # not by which worker process happened to start faster: the long submission goes to one, and the
+    # short one to the other (the first is busy). Submitted the other way round, a slow start of the
+    # second worker would let the first finish the short one and take the long one too.
+    wait_for(lambda: a.metric("arbiter_parked_requests") == 2, 30, what="both workers to park")
+
+    def submit_and_wait_confirmed(source: str) -> tuple[int, str]:
         with db.connect() as conn:
-            wait_for(lambda: conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging' "
-                                          "AND lease_confirmed_at IS NOT NULL").fetchone()[0]
-                     == len(started), 30, what=f"{worker_id} to hold a confirmed lease")
+            submission = leases.submit(conn, user, problem, "python3", source)
+            return submission, wait_for(lambda: conn.execute(
+                "SELECT worker_id FROM submissions WHERE id = %s AND status = 'judging' "
+                "AND lease_confirmed_at IS NOT NULL", (submission,)).fetchone(), 30,
+                what=f"submission {submission} to be under a confirmed lease")[0]
+
+    # One is still running when the arbiter comes back (its heartbeats resume); the other finishes
+    # during the outage (its result waits in the outbox).
+    outlives_outage, judges_through = submit_and_wait_confirmed(sleepy_aplusb(OUTAGE_SECS / 2))
+    finishes_in_outage, delivers_late = submit_and_wait_confirmed(sleepy_aplusb(1.0))
+    assert {judges_through, delivers_late} == set(started)
 
     a.kill9()
     went_down = time.monotonic()
@@ -55,7 +65,7 @@ def test_outage_longer_than_lease_judges_nothing_twice_and_fails_nothing(db, arb
         assert conn.execute("SELECT bool_and(lease_expires_at < now()) FROM submissions WHERE status = 'judging'"
                             ).fetchone() == (True,), "the outage must outlast the leases for the test to mean anything"
     waiting = [w for w in started.values() if w.outbox_files()]
-    assert [w.worker_id for w in waiting] == ["home-1"], "home-1's result waits in its outbox"
+    assert [w.worker_id for w in waiting] == [delivers_late], "the short submission's result waits in its outbox"
 
     a.start()
     with db.connect() as conn:
@@ -64,7 +74,7 @@ def test_outage_longer_than_lease_judges_nothing_twice_and_fails_nothing(db, arb
         counts = assert_each_submission_decided_once_by_its_last_lease(conn)
         assert counts == {"AC": 3}
         assert conn.execute("SELECT id, judge_attempts, lease_gen FROM submissions ORDER BY id").fetchall() == [
-            (finishes_in_outage, 1, 1), (outlives_outage, 1, 1), (queued_meanwhile, 1, 1)]
+            (outlives_outage, 1, 1), (finishes_in_outage, 1, 1), (queued_meanwhile, 1, 1)]
         assert conn.execute("SELECT count(*) FROM submission_judgings").fetchone() == (3,)
         assert conn.execute("SELECT xp FROM users WHERE id = %s", (user,)).fetchone() == (10,)
     assert time.monotonic() - went_down >= OUTAGE_SECS
