@@ -113,23 +113,7 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
             report.add("lease_gen backwards", f"submission {sid} observed gen {gen} after {highest[sid]}")
         highest[sid] = max(highest.get(sid, 0), gen)
 
-    # Two live leases at once: an old token was honoured (heartbeat or result 200) after a newer
-    # generation of the same submission had been granted. The request started before the server acted,
-    # so a grant older than the request's start is proof.
-    honoured = 0
-    for exchange in history:
-        if exchange.status != 200 or not exchange.body or "lease_token" not in exchange.body:
-            continue
-        owner = token_gen.get(exchange.body["lease_token"])
-        if owner is None:
-            report.add("unknown token honoured", f"{exchange.path} by {exchange.worker_id}")
-            continue
-        honoured += 1
-        sid, gen = owner
-        for newer_gen, worker, granted_at, _ in grants[sid]:
-            if newer_gen > gen and granted_at + CLOCK_SLACK_SECS < exchange.sent_at:
-                report.add("two live leases", f"submission {sid}: gen {gen} honoured on {exchange.path} after gen "
-                                              f"{newer_gen} went to {worker}")
+    honoured = live_lease_violations(report, history, grants, token_gen, judgings)
 
     # AC and XP exactly once per (user, problem).
     passes = conn.execute("SELECT user_id, problem_id, count(*) FROM first_passes GROUP BY 1, 2").fetchall()
@@ -176,3 +160,32 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
                           grants=sum(len(v) for v in grants.values()), reclaims=reclaims,
                           honoured_token_requests=honoured, exchanges=len(history), gen_samples=len(gen_samples))
     return report
+
+
+def live_lease_violations(report: Report, history, grants, token_gen, judgings) -> int:
+    """Two live leases at once: an old token was honoured (heartbeat or result 200) after a newer
+    generation of the same submission had been granted. The request started before the server acted,
+    so a grant older than the request's start is proof. Returns how many exchanges were honoured.
+
+    A result repeated by the worker's outbox (its first reply was dropped) is answered as the first
+    time, writing nothing: honouring it is no live lease if the verdict it repeats was written before
+    the newer generation was granted (a verdict written after that is a "stale token" in check())."""
+    decided_at = {(sid, gen): at for sid, entries in judgings.items()
+                  for _, _, gen, _, decided_by, at in entries if decided_by == "worker"}
+    honoured = 0
+    for exchange in history:
+        if exchange.status != 200 or not exchange.body or "lease_token" not in exchange.body:
+            continue
+        owner = token_gen.get(exchange.body["lease_token"])
+        if owner is None:
+            report.add("unknown token honoured", f"{exchange.path} by {exchange.worker_id}")
+            continue
+        honoured += 1
+        sid, gen = owner
+        for newer_gen, worker, granted_at, _ in grants[sid]:
+            if newer_gen > gen and granted_at + CLOCK_SLACK_SECS < exchange.sent_at:
+                if exchange.path.endswith("/result") and decided_at.get((sid, gen), granted_at) < granted_at:
+                    continue  # the repeat of a verdict written while this generation was current
+                report.add("two live leases", f"submission {sid}: gen {gen} honoured on {exchange.path} after gen "
+                                              f"{newer_gen} went to {worker}")
+    return honoured

@@ -1,0 +1,38 @@
+"""The chaos checker's own logic, on made-up histories: it must flag a live old lease and must not
+flag the outbox's repeat of a verdict that was written while its lease was current."""
+
+from checker import Report, live_lease_violations
+from faultproxy import Exchange
+
+TOKEN_1, TOKEN_3 = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000003"
+# Submission 36: gen 1 to home-1 at t=10, gen 3 to home-2 at t=20 (after a rejudge).
+GRANTS = {36: [(1, "home-1", 10.0, TOKEN_1), (3, "home-2", 20.0, TOKEN_3)]}
+TOKEN_GEN = {TOKEN_1: (36, 1), TOKEN_3: (36, 3)}
+
+
+def exchange(path: str, sent_at: float, token: str = TOKEN_1) -> Exchange:
+    return Exchange(worker_id="home-1", method="POST", path=path, body={"lease_token": token}, sent_at=sent_at,
+                    status=200)
+
+
+def violations(history, decided_at_gen_1: float | None) -> list[str]:
+    judgings = {36: [(1, "AC", 1, TOKEN_1, "worker", decided_at_gen_1)]} if decided_at_gen_1 is not None else {}
+    report = Report()
+    live_lease_violations(report, history, GRANTS, TOKEN_GEN, judgings)
+    return report.violations
+
+
+def test_a_heartbeat_of_an_old_generation_honoured_after_a_newer_grant_is_two_live_leases():
+    assert violations([exchange("/v1/leases/36/heartbeat", 25.0)], decided_at_gen_1=None) == [
+        "two live leases: submission 36: gen 1 honoured on /v1/leases/36/heartbeat after gen 3 went to home-2"]
+
+
+def test_a_result_written_after_the_newer_grant_is_two_live_leases():
+    assert len(violations([exchange("/v1/leases/36/result", 25.0)], decided_at_gen_1=25.0)) == 1
+
+
+def test_the_outbox_repeating_a_verdict_written_before_the_newer_grant_is_no_live_lease():
+    # Written at t=15 (gen 1 current), the reply dropped; the outbox repeats it at t=25 and gets the same answer.
+    assert violations([exchange("/v1/leases/36/result", 25.0)], decided_at_gen_1=15.0) == []
+    # A heartbeat is never a repeat.
+    assert len(violations([exchange("/v1/leases/36/heartbeat", 25.0)], decided_at_gen_1=15.0)) == 1
