@@ -128,16 +128,28 @@ class RunCgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
-    def oom_killed(self) -> bool:
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has killed in this cgroup so far."""
         if self.version == "v2":
             events = (self.dirs[0] / "memory.events").read_text()
         else:
             events = (self.dirs[0] / "memory.oom_control").read_text()
         for line in events.splitlines():
             key, _, value = line.partition(" ")
-            if key == "oom_kill" and int(value) > 0:
-                return True
-        return False
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def oom_killed(self) -> bool:
+        return self.oom_kills() > 0
+
+    def reset_peak(self) -> None:
+        """Start the peak over (before each test of a box), where the kernel allows it (v1; v2 from 6.12)."""
+        name = "memory.peak" if self.version == "v2" else "memory.max_usage_in_bytes"
+        try:
+            (self.dirs[0] / name).write_text("0" if self.version == "v1" else "reset")
+        except OSError:
+            pass
 
     def peak_kb(self) -> int | None:
         """Peak memory charged to the run (the kernel's accounting), or None where the kernel has no counter."""

@@ -216,6 +216,12 @@ class Judge:
         limits = Limits(cpu_ms=job.time_limit_ms, wall_ms=int(job.time_limit_ms * self.wall_factor) + 1000,
                         memory_kb=job.memory_limit_kb, output_kb=self.output_limit_kb,
                         max_processes=self.max_processes, stderr_kb=self.stderr_limit_kb)
+        # One box for all the tests: the sandbox is set up once, each test is one fork inside it.
+        with self.sandbox.box(box, limits, run_dir / "box.log") as test_box:
+            return self._run_each_test(spec, tests, test_box, run_dir, cancelled, comparer, checker, limits)
+
+    def _run_each_test(self, spec, tests, test_box, run_dir: Path, cancelled, comparer: Comparer,
+                       checker: Path | None, limits: Limits) -> Verdict:
         per_test = []
         worst_time = worst_memory = 0
         for index, (inp, expected) in enumerate(tests, start=1):
@@ -224,8 +230,8 @@ class Judge:
             out_path, err_path = run_dir / f"{index}.out", run_dir / f"{index}.err"
             # stderr is pumped by this process (never charged as the program's memory); its tail is kept.
             with open(inp, "rb") as stdin:
-                result = self.sandbox.run(spec["run"], box=box, stdin=stdin, stdout=out_path, stderr=err_path,
-                                          limits=limits, cancelled=cancelled)
+                result = test_box.run(spec["run"], stdin=stdin, stdout=out_path, stderr=err_path, limits=limits,
+                                      cancelled=cancelled)
             if cancelled.is_set():
                 raise JudgeCancelled()  # a 410 on a heartbeat killed the running test
             verdict = self._classify(result, limits)

@@ -129,11 +129,17 @@ class Sandbox:
             raise SandboxUnavailable(f"sandbox self-test failed (exit {result.exit_code}, uid {text!r}): {problem}; "
                                      "check that bubblewrap works and unprivileged user namespaces are enabled")
 
+    def box(self, box: Path, limits: Limits, log_path: Path):
+        """A box for the tests of one submission (worker/box.py): set up once, one fork per test."""
+        from .box import Box
+
+        return Box(self, box, limits, log_path)
+
     def _bwrap_args(self, box: Path, writable_box: bool) -> list[str]:
         # --as-pid-1: the launcher is PID 1 of the namespace (no bwrap init in between); the program is
         # its child, and the launcher reports the program's own CPU time and peak RSS.
         args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1",
-                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp",
                 "--ro-bind", str(self.launcher), LAUNCHER_IN_SANDBOX]
         for path in SYSTEM_RO:
             if os.path.lexists(path):
@@ -143,7 +149,10 @@ class Sandbox:
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
         args += ["--bind" if writable_box else "--ro-bind", str(box), "/box", "--chdir", "/box",
-                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--unsetenv", "PYTHONPATH"]
+                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--unsetenv", "PYTHONPATH",
+                 # Only /tmp, /dev/shm (and a compile's /box) stay writable: a box wipes just those
+                 # between tests, so nothing may be left anywhere else (bwrap's root and /dev are tmpfs).
+                 "--remount-ro", "/dev", "--remount-ro", "/"]
         return args
 
     def run(self, argv: list[str], *, box: Path, stdin, stdout, stderr, limits: Limits,
