@@ -122,25 +122,11 @@ class Box:
     # --- the box's process ------------------------------------------------------------------------
     def _start(self) -> None:
         sandbox, limits = self.sandbox, self.limits
-        rlimits = ["core=0"]
-        if sandbox.cgroup_version:
-            try:
-                # One more process than the tests may have: the box's PID 1.
-                self._group = cgroups.RunCgroup(sandbox.cgroup_version, (limits.memory_kb + 16384) * 1024,
-                                                limits.max_processes + 1, sandbox.cgroup_parent,
-                                                cpus=sandbox.cpus if sandbox.cpuset else ())
-            except OSError as exc:
-                raise SandboxFailure(f"cannot set up the box's cgroup: {exc}") from exc
+        # One more process than the tests may have: the box's PID 1. The tests' own rlimits come
+        # with each run message.
+        self._group = sandbox.run_cgroup(limits.memory_kb, limits.max_processes + 1, "box")
         host_end, box_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        enter = [str(sandbox.launcher), "--enter", "--uid", str(sandbox.uid), "--gid", str(sandbox.gid),
-                 "--report-fd", str(box_end.fileno())]
-        for procs in self._group.procs_files if self._group is not None else ():
-            enter += ["--cgroup-procs", procs]
-        if sandbox.cpus and not sandbox.cpuset:
-            enter += ["--cpus", ",".join(map(str, sandbox.cpus))]
-        for limit in rlimits:
-            enter += ["--rlimit", limit]
-        argv = [*enter, "--", *sandbox._bwrap_args(self.box, writable_box=False), "--", LAUNCHER_IN_SANDBOX, "--box"]
+        argv = [*sandbox.enter_argv(box_end.fileno(), self._group, ["core=0"]), "--", *sandbox._bwrap_args(self.box, writable_box=False), "--", LAUNCHER_IN_SANDBOX, "--box"]
         try:
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,

@@ -155,6 +155,30 @@ class Sandbox:
                  "--remount-ro", "/dev", "--remount-ro", "/"]
         return args
 
+    def run_cgroup(self, memory_kb: int, max_processes: int, what: str) -> cgroups.RunCgroup | None:
+        """The cgroup of one run or box (None without cgroups): ``memory_kb`` plus room for bwrap's own
+        pages (MLE is decided from the peak, not by this limit), ``max_processes``, this slot's CPUs."""
+        if not self.cgroup_version:
+            return None
+        try:
+            return cgroups.RunCgroup(self.cgroup_version, (memory_kb + 16384) * 1024, max_processes,
+                                     self.cgroup_parent, cpus=self.cpus if self.cpuset else ())
+        except OSError as exc:
+            raise SandboxFailure(f"cannot set up the {what}'s cgroup: {exc}") from exc
+
+    def enter_argv(self, report_fd: int, group: cgroups.RunCgroup | None, rlimits: list[str]) -> list[str]:
+        """The launcher's first step (launcher.c, --enter), up to the bwrap arguments: join the
+        cgroups, pin the CPUs (without a cpuset), set ``rlimits``, switch to the sandbox uid."""
+        enter = [str(self.launcher), "--enter", "--uid", str(self.uid), "--gid", str(self.gid),
+                 "--report-fd", str(report_fd)]
+        for procs in group.procs_files if group is not None else ():
+            enter += ["--cgroup-procs", procs]
+        if self.cpus and not self.cpuset:
+            enter += ["--cpus", ",".join(map(str, self.cpus))]
+        for limit in rlimits:
+            enter += ["--rlimit", limit]
+        return enter
+
     def run(self, argv: list[str], *, box: Path, stdin, stdout, stderr, limits: Limits,
             writable_box: bool = False, cancelled: threading.Event | None = None) -> RunResult:
         """Run argv in the sandbox. ``stdout`` may be a Path: the output is then pumped through a pipe
@@ -165,16 +189,8 @@ class Sandbox:
         # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
         rlimits = [f"cpu={cpu_s + 1}", f"fsize={limits.output_kb * 1024}",
                    f"nofile={limits.max_open_files}", "core=0"]
-        group = None
-        if self.cgroup_version:
-            # Room for bwrap's own pages on top of the program's limit; MLE is decided below.
-            try:
-                group = cgroups.RunCgroup(self.cgroup_version, (limits.memory_kb + 16384) * 1024,
-                                          limits.max_processes, self.cgroup_parent,
-                                          cpus=self.cpus if self.cpuset else ())
-            except OSError as exc:
-                raise SandboxFailure(f"cannot set up the run's cgroup: {exc}") from exc
-        else:
+        group = self.run_cgroup(limits.memory_kb, limits.max_processes, "run")
+        if group is None:
             # RLIMIT_NPROC counts every process of the sandbox uid on the machine, not this run's: other
             # runs (another worker, a fork bomb being killed) use it up and then bwrap cannot even
             # fork. Only without a pids cgroup is it the limit of last resort.
@@ -186,15 +202,7 @@ class Sandbox:
         # The launcher's first step (launcher.c, --enter) rather than preexec_fn: no Python runs between
         # fork and exec in this threaded process. It joins the cgroups before anything can fork, so
         # nothing escapes them, then limits, drops to the sandbox uid and execs bwrap.
-        enter = [str(self.launcher), "--enter", "--uid", str(self.uid), "--gid", str(self.gid),
-                 "--report-fd", str(started_w)]
-        for procs in group.procs_files if group is not None else ():
-            enter += ["--cgroup-procs", procs]
-        if self.cpus and not self.cpuset:
-            enter += ["--cpus", ",".join(map(str, self.cpus))]
-        for limit in rlimits:
-            enter += ["--rlimit", limit]
-        inner = [*enter, "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
+        inner = [*self.enter_argv(started_w, group, rlimits), "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
         launched = time.monotonic()
         program_started_at: float | None = None
         wall_timeout = False
