@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import os
+
 from . import logs
 from .app import create_asgi
 from .config import load_settings
 from .runtime import Runtime
 
-logs.configure()
+# The same variable sets gunicorn's own log level (gunicorn.conf.py).
+logs.configure(os.environ.get("JUDGE_ARBITER_LOGLEVEL", "info").upper())
 settings = load_settings()
 runtime = Runtime(settings).start()
 app = create_asgi(runtime)

@@ -29,6 +29,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str = "INFO") -> None:
+    """JSON lines on stderr at ``level`` (a level name; an unknown one means INFO, as for gunicorn)."""
+    if not isinstance(logging.getLevelName(level), int):
+        level = "INFO"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

@@ -211,6 +211,7 @@ class Blob(_Base):
             seq, skip = seq + 1, 0
 
 class Acquire(_Base):
+    routine = True
     auth = True
 
     async def on_post(self, req, resp):
@@ -302,6 +303,7 @@ def _outcome_error(outcome: WriteOutcome, what: str):
 
 
 class Heartbeat(_Base):
+    routine = True
     auth = True
     urgent = True
 
@@ -341,6 +343,7 @@ class Release(_Base):
 
 
 class Result(_Base):
+    routine = True
     auth = True
     urgent = True
 
@@ -433,7 +436,11 @@ class OpenApi(_Base):
 
 
 class RequestLog:
-    """Middleware: one JSON log line and a metric per request; never headers or bodies."""
+    """Middleware: a metric per request and a JSON log line (never headers or bodies): at info level,
+    except a worker's routine lease traffic answered with a 2xx (resources with ``routine = True``):
+    several requests a second per judging worker at contest time, each already told by a line of its
+    own ("lease granted", "result received") or by metrics (heartbeats), so a debug line. A refusal
+    is always an info line."""
 
     async def process_request(self, req, resp):
         req.context.started = time.monotonic()
@@ -442,7 +449,10 @@ class RequestLog:
         route = req.uri_template or "unmatched"
         status = resp.status[:3] if isinstance(resp.status, str) else str(int(resp.status))
         METRICS.inc("arbiter_requests_total", route=route, status=status)
+        level = logging.DEBUG if getattr(resource, "routine", False) and status[0] == "2" else logging.INFO
+        if not log.isEnabledFor(level):
+            return
         worker = getattr(req.context, "worker", None)
-        log.info("request", extra={"method": req.method, "route": route, "status": int(status),
+        log.log(level, "request", extra={"method": req.method, "route": route, "status": int(status),
                                    "ms": round((time.monotonic() - req.context.started) * 1000, 1),
                                    "worker_id": worker.worker_id if worker else None})
