@@ -17,7 +17,7 @@ from .probes import StuckMonitor
 log = logging.getLogger("arbiter.runtime")
 
 
-URGENT_THREADS = 4
+URGENT_THREADS = 8
 
 
 class Runtime:
