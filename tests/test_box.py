@@ -224,3 +224,40 @@ def test_the_box_lifecycle_takes_only_its_arrows():
     # Nothing leaves CLOSED; a test is only ever sent to a READY box.
     assert not any(state is BoxState.CLOSED for state, _ in TRANSITIONS)
     assert [s for s, t in TRANSITIONS if t == "send_test"] == [BoxState.READY]
+
+
+# Prints the rlimits the program runs under: CPU seconds, file size, open files, core size (soft=hard each).
+LIMITS_PROBE = r"""
+#include <stdio.h>
+#include <sys/resource.h>
+int main(void) {
+    int which[] = {RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE};
+    for (int i = 0; i < 4; i++) {
+        struct rlimit r;
+        getrlimit(which[i], &r);
+        printf("%llu/%llu%s", (unsigned long long)r.rlim_cur, (unsigned long long)r.rlim_max, i < 3 ? " " : "\n");
+    }
+    return 0;
+}
+"""
+
+
+def _expected_rlimits(limits: Limits) -> str:
+    cpu_s = -(-limits.cpu_ms // 1000) + 1  # a second past the limit: the hard limit kills
+    return " ".join(f"{v}/{v}" for v in (cpu_s, limits.output_kb * 1024, limits.max_open_files, 0)) + "\n"
+
+
+def test_each_test_in_a_box_runs_under_its_own_rlimits_as_a_one_off_run_does(sandbox, run_dir):
+    (run_dir / "limits.c").write_text(LIMITS_PROBE)
+    subprocess.run(["gcc", "-O2", "-o", str(run_dir / "box" / "limits"), str(run_dir / "limits.c")], check=True)
+    first = Limits(cpu_ms=2000, wall_ms=4000, memory_kb=131072, output_kb=1024, max_open_files=16)
+    second = Limits(cpu_ms=5500, wall_ms=9000, memory_kb=131072, output_kb=2048, max_open_files=40)
+    with sandbox.box(run_dir / "box", first, run_dir / "box.log") as box:
+        for limits in (first, second, first):
+            result, out = run(box, run_dir, ["./limits"], limits)
+            assert (result.exit_code, out) == (0, _expected_rlimits(limits)), (run_dir / "err").read_text()
+        assert box.starts == 1
+    with open(run_dir / "in", "rb") as stdin:
+        result = sandbox.run(["./limits"], box=run_dir / "box", stdin=stdin, stdout=run_dir / "out",
+                             stderr=run_dir / "err", limits=second)
+    assert (result.exit_code, (run_dir / "out").read_text()) == (0, _expected_rlimits(second))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import cgroups
 from .sandbox import (LAUNCHER_IN_SANDBOX, START_TIMEOUT_SECS, STDERR_TAIL_BYTES, WATCH_SECS, Limits, RunResult,
-                      Sandbox, SandboxFailure, _OutputPump, _TailPump)
+                      Sandbox, SandboxFailure, _OutputPump, _TailPump, program_rlimits)
 
 # How long a box may take to end after its socket is closed, before it is killed.
 CLOSE_TIMEOUT_SECS = 2.0
@@ -126,7 +126,8 @@ class Box:
         # with each run message.
         self._group = sandbox.run_cgroup(limits.memory_kb, limits.max_processes + 1, "box")
         host_end, box_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [*sandbox.enter_argv(box_end.fileno(), self._group, ["core=0"]), "--", *sandbox._bwrap_args(self.box, writable_box=False), "--", LAUNCHER_IN_SANDBOX, "--box"]
+        argv = [*sandbox.enter_argv(box_end.fileno(), self._group, ["core=0"]), "--",
+                *sandbox._bwrap_args(self.box, writable_box=False), "--", LAUNCHER_IN_SANDBOX, "--box"]
         try:
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
@@ -222,12 +223,7 @@ class Box:
             self._lose()  # ended between tests (killed from outside): a new box, not a failed test
         if self.state is BoxState.DOWN:
             self._start()
-        cpu_s = max(1, -(-limits.cpu_ms // 1000))
-        # Soft = hard (the launcher sets both): the hard limit kills, one second past the soft one.
-        no_cgroup = self._group is None
-        fields = ["run", str(cpu_s + 1), str(limits.output_kb * 1024), str(limits.max_open_files),
-                  str(limits.memory_kb * 1024 if no_cgroup else 0), str(limits.max_processes if no_cgroup else 0),
-                  *argv]
+        fields = ["run", *program_rlimits(limits, with_cgroup=self._group is not None), "--", *argv]
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         pumps = [_OutputPump(os.fdopen(out_r, "rb", buffering=0), stdout, limits.output_kb * 1024),

@@ -30,7 +30,7 @@
  * --box: the same isolation, built once for all the tests of a submission (bwrap's namespaces and
  * mounts are most of a run's start-up). PID 1 says "ready", then serves one message at a time:
  *
- *   "run\0<cpu s>\0<fsize>\0<nofile>\0<as or 0>\0<nproc or 0>\0PROGRAM\0ARG..." + 3 fds (SCM_RIGHTS:
+ *   "run\0NAME=VALUE\0...\0--\0PROGRAM\0ARG..." (the test's rlimits, as --rlimit takes them) + 3 fds (SCM_RIGHTS:
  *   the test's stdin, stdout, stderr)  ->  "started", then "done <wait status> <user CPU us> <system
  *   CPU us> <peak RSS KiB>", then "clean" (ready for the next test) or "unclean" (and the box ends)
  *
@@ -297,19 +297,13 @@ static int wipe_between_tests(void) {
     return unclean ? -1 : 0;
 }
 
-static int set_numbered_limit(int resource, const char *text, int zero_means_none) {
-    unsigned long long value;
-    if (!parse_number(text, &value))
-        return -1;
-    if (value == 0 && zero_means_none)
-        return 0;
-    struct rlimit limit = {(rlim_t)value, (rlim_t)value};
-    return setrlimit(resource, &limit);
-}
-
 /* One test: fork the program on the given fds, reap the whole namespace, report. */
 static void box_run_test(char **fields, int count, const int fds[3]) {
-    if (count < 7) {
+    int program = 1; /* the field after "--": the rlimits come before it */
+    while (program < count && strcmp(fields[program], "--") != 0)
+        program++;
+    program++;
+    if (program >= count) {
         box_send("error bad run message");
         return;
     }
@@ -325,15 +319,11 @@ static void box_run_test(char **fields, int count, const int fds[3]) {
             _exit(126);
         for (int fd = 3; fd < 1024; fd++)
             close(fd);
-        struct rlimit no_core = {0, 0};
-        if (set_numbered_limit(RLIMIT_CPU, fields[1], 0) != 0 || set_numbered_limit(RLIMIT_FSIZE, fields[2], 0) != 0 ||
-            set_numbered_limit(RLIMIT_NOFILE, fields[3], 0) != 0 || set_numbered_limit(RLIMIT_AS, fields[4], 1) != 0 ||
-            set_numbered_limit(RLIMIT_NPROC, fields[5], 1) != 0 || setrlimit(RLIMIT_CORE, &no_core) != 0) {
-            fprintf(stderr, "judge-launcher: cannot set the test's limits: %s\n", strerror(errno));
-            _exit(126);
-        }
-        execvp(fields[6], fields + 6);
-        fprintf(stderr, "judge-launcher: cannot run %s: %s\n", fields[6], strerror(errno));
+        for (int i = 1; i < program - 1; i++)
+            if (set_limit(fields[i]) != 0)
+                _exit(126); /* set_limit said why, on the test's stderr */
+        execvp(fields[program], fields + program);
+        fprintf(stderr, "judge-launcher: cannot run %s: %s\n", fields[program], strerror(errno));
         _exit(errno == ENOENT ? 127 : 126);
     }
     for (int i = 0; i < 3; i++)

@@ -86,6 +86,20 @@ class RunResult:
     stderr_tail: str = ""  # the last STDERR_TAIL_BYTES of stderr, when stderr was given as a Path
 
 
+def program_rlimits(limits: Limits, with_cgroup: bool) -> list[str]:
+    """The program's rlimits, as the launcher takes them (NAME=VALUE; soft = hard): for a one-off run
+    (``--rlimit``) and for a test in a box (its run message)."""
+    cpu_s = max(1, -(-limits.cpu_ms // 1000))
+    # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
+    rlimits = [f"cpu={cpu_s + 1}", f"fsize={limits.output_kb * 1024}", f"nofile={limits.max_open_files}", "core=0"]
+    if not with_cgroup:
+        # RLIMIT_NPROC counts every process of the sandbox uid on the machine, not this run's: other
+        # runs (another worker, a fork bomb being killed) use it up and then bwrap cannot even
+        # fork. Only without a pids cgroup is it the limit of last resort.
+        rlimits += [f"as={limits.memory_kb * 1024}", f"nproc={limits.max_processes}"]
+    return rlimits
+
+
 class Sandbox:
     def __init__(self, uid: int = 65534, gid: int = 65534, bwrap: str | None = None,
                  cgroup_parent: str = cgroups.DEFAULT_PARENT, launcher_dir: Path = DEFAULT_LAUNCHER_DIR,
@@ -185,16 +199,8 @@ class Sandbox:
         by this process (so its page cache is not charged to the run's memory) and cut at the limit.
         ``stderr`` may be a Path too: pumped the same way, only its last STDERR_TAIL_BYTES kept (in the
         file and in ``RunResult.stderr_tail``), past ``limits.stderr_kb`` the run is OLE."""
-        cpu_s = max(1, -(-limits.cpu_ms // 1000))
-        # Soft = hard: as PID 1 of its namespace the program would not die of SIGXCPU; the hard limit kills.
-        rlimits = [f"cpu={cpu_s + 1}", f"fsize={limits.output_kb * 1024}",
-                   f"nofile={limits.max_open_files}", "core=0"]
         group = self.run_cgroup(limits.memory_kb, limits.max_processes, "run")
-        if group is None:
-            # RLIMIT_NPROC counts every process of the sandbox uid on the machine, not this run's: other
-            # runs (another worker, a fork bomb being killed) use it up and then bwrap cannot even
-            # fork. Only without a pids cgroup is it the limit of last resort.
-            rlimits += [f"as={limits.memory_kb * 1024}", f"nproc={limits.max_processes}"]
+        rlimits = program_rlimits(limits, with_cgroup=group is not None)
         # The launcher, the last step inside the finished sandbox, reports on this pipe (as fd 9) that it
         # starts the program, and how the program ended: no start report means the sandbox failed
         # (SandboxFailure), whatever the exit status says.
@@ -202,7 +208,8 @@ class Sandbox:
         # The launcher's first step (launcher.c, --enter) rather than preexec_fn: no Python runs between
         # fork and exec in this threaded process. It joins the cgroups before anything can fork, so
         # nothing escapes them, then limits, drops to the sandbox uid and execs bwrap.
-        inner = [*self.enter_argv(started_w, group, rlimits), "--", *self._bwrap_args(box, writable_box), "--", LAUNCHER_IN_SANDBOX, "--", *argv]
+        inner = [*self.enter_argv(started_w, group, rlimits), "--", *self._bwrap_args(box, writable_box), "--",
+                 LAUNCHER_IN_SANDBOX, "--", *argv]
         launched = time.monotonic()
         program_started_at: float | None = None
         wall_timeout = False
