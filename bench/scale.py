@@ -354,9 +354,9 @@ async def run_workers(site: Site, work: Path, workers: int, submissions: int, ju
         site.submit(submissions)
         while done < submissions and time.monotonic() - t0 < limit_secs:
             await asyncio.sleep(0.02)
-        elapsed = time.monotonic() - t0
+        judged, elapsed = done, time.monotonic() - t0  # before the stop: results answered meanwhile are not counted
         await stop_workers(tasks)
-        return {"done": done, "secs": elapsed, "per_sec": done / elapsed}
+        return {"done": judged, "secs": elapsed, "per_sec": judged / elapsed}
     finally:
         arbiter.stop()
         site.drain()
