@@ -14,6 +14,8 @@ import os
 
 from uvicorn_worker import UvicornWorker
 
+from arbiter.serving import ArbiterWorker
+
 DSN = os.environ.get("BENCH_FLOOR_DSN")
 ROW = int(os.environ.get("BENCH_FLOOR_ROW", "0"))
 CONNECTIONS = 8
@@ -21,10 +23,10 @@ BODY = json.dumps({"ok": True, "lease_token": "x" * 43, "submission_id": 1}).enc
 
 
 class FloorWorker(UvicornWorker):
-    """The arbiter's loop and parser settings (arbiter/serving.py), uvicorn's own protocol."""
+    """The arbiter's own uvicorn settings (arbiter/serving.py), with uvicorn's plain httptools protocol
+    (the arbiter's adds header deadlines that read the arbiter's settings)."""
 
-    CONFIG_KWARGS = {"loop": "asyncio", "http": "httptools", "lifespan": "off", "ws": "none",
-                     "server_header": False, "date_header": True}
+    CONFIG_KWARGS = {**ArbiterWorker.CONFIG_KWARGS, "http": "httptools"}
 
 
 _idle: asyncio.Queue | None = None

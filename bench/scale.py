@@ -109,17 +109,12 @@ class Site:
         return out
 
 
-class Arbiter:
-    """The arbiter under gunicorn with default settings (dsn and bind only)."""
+class GunicornServer:
+    """A server under gunicorn, in a session of its own (``port``, ``proc``, ``log`` set by the subclass):
+    ready once GET /readyz answers 200; stopped with its whole process group."""
 
-    def __init__(self, site: Site, workdir: Path):
-        self.port = devcluster.free_port()
-        conf = workdir / f"arbiter-{self.port}.toml"
-        conf.write_text(f'dsn = "{site.dsn}"\nbind = "127.0.0.1:{self.port}"\n')
-        self.log = open(workdir / "arbiter.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "gunicorn.conf.py"),
-                                      serving.APP], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    port: int
+    proc: subprocess.Popen
 
     async def ready(self) -> None:
         deadline = time.monotonic() + 30
@@ -133,14 +128,8 @@ class Arbiter:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the arbiter did not become ready")
+                raise RuntimeError(f"{type(self).__name__} did not become ready (log: {self.log.name})")
             await asyncio.sleep(0.1)
-
-    async def parked(self) -> int:
-        c = await Conn.open(self.port)
-        _, body = await c.call("GET", "/readyz")
-        c.close()
-        return body["parked"]
 
     def stop(self) -> None:
         import signal
@@ -151,6 +140,25 @@ class Arbiter:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+
+
+class Arbiter(GunicornServer):
+    """The arbiter under gunicorn with default settings (dsn and bind only)."""
+
+    def __init__(self, site: Site, workdir: Path):
+        self.port = devcluster.free_port()
+        conf = workdir / f"arbiter-{self.port}.toml"
+        conf.write_text(f'dsn = "{site.dsn}"\nbind = "127.0.0.1:{self.port}"\n')
+        self.log = open(workdir / "arbiter.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "gunicorn.conf.py"),
+                                      serving.APP], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+
+    async def parked(self) -> int:
+        c = await Conn.open(self.port)
+        _, body = await c.call("GET", "/readyz")
+        c.close()
+        return body["parked"]
 
 
 # -- an asyncio HTTP/1.1 client connection (keep-alive) -------------------------------------------------
@@ -362,8 +370,9 @@ async def run_workers(site: Site, work: Path, workers: int, submissions: int, ju
         site.drain()
 
 
-class FloorServer:
-    """bench/floor_app.py under gunicorn: the same server stack as the arbiter, no arbiter code."""
+class FloorServer(GunicornServer):
+    """bench/floor_app.py under gunicorn: the same server stack as the arbiter, no arbiter code (it answers
+    every path, /readyz too, with 200)."""
 
     def __init__(self, workdir: Path, dsn: str | None = None, row: int = 0):
         self.port = devcluster.free_port()
@@ -375,21 +384,6 @@ class FloorServer:
                                       "-b", f"127.0.0.1:{self.port}", "--keep-alive", "75", "floor_app:app"],
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd=REPO / "bench")
-
-    async def ready(self) -> None:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                c = await Conn.open(self.port)
-                await c.call("GET", "/")
-                c.close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the floor app did not start") from None
-                await asyncio.sleep(0.1)
-
-    stop = Arbiter.stop
 
 
 async def floor_lifecycles(site: Site, work: Path, workers: int, secs: float, with_db: bool) -> dict:
@@ -406,7 +400,8 @@ async def floor_lifecycles(site: Site, work: Path, workers: int, secs: float, wi
             while True:
                 await c.call("POST", "/v1/acquire", {"request_id": uuid.uuid4().hex, "wait_secs": 5})
                 await c.call("POST", f"/v1/leases/{sid}/heartbeat", {"lease_token": "x" * 43})
-                await c.call("POST", f"/v1/leases/{sid}/result", {"lease_token": "x" * 43, "verdict": "AC", "time_ms": 1})
+                await c.call("POST", f"/v1/leases/{sid}/result",
+                             {"lease_token": "x" * 43, "verdict": "AC", "time_ms": 1})
                 done += 1
         finally:
             c.close()
@@ -609,7 +604,8 @@ async def _lifecycles(site, work, say, results) -> None:
         r = await floor_lifecycles(site, work, 200, 10.0, with_db)
         results["lifecycles"]["floor_db" if with_db else "floor_http"] = r
         name = "HTTP + one UPDATE per POST" if with_db else "HTTP only"
-        say(f"| {name} | {r['done']:,} in {r['secs']:.1f} s | {r['per_sec']:.0f}/s | {arbiter_rate / r['per_sec']:.2f} |")
+        say(f"| {name} | {r['done']:,} in {r['secs']:.1f} s | {r['per_sec']:.0f}/s | "
+            f"{arbiter_rate / r['per_sec']:.2f} |")
     say()
 
 
