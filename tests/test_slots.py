@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import uuid
 
 import pytest
@@ -205,19 +204,6 @@ def test_kill9_of_a_two_slot_worker_mid_judging_loses_nothing(site):
 
 
 @TWO_CPUS
-def test_sigterm_drains_every_slot(site):
-    a = site["arbiters"].start(site["db"].dsn)
-    w = site["start_worker"](a)
-    sids = [site["submit"](SLOW_APLUSB) for _ in range(2)]
-    wait_for(lambda: site["rows"]("SELECT count(*) FROM submissions WHERE status = 'judging'") == [(2,)], 30,
-             what="both slots judging")
-    w.proc.send_signal(signal.SIGTERM)
-    assert w.proc.wait(60) == 0
-    assert site["rows"]("SELECT id, status FROM submissions ORDER BY id") == [(s, "AC") for s in sids]
-    assert site["rows"]("SELECT count(*) FROM submission_judgings") == [(2,)]
-    assert not w.outbox_files()
-
-
 def test_the_parking_share_and_the_metric_are_per_slot():
     from arbiter.metrics import METRICS
     from arbiter.tickets import ParkingLot, Ticket, TooManyParked, WorkerIdentity

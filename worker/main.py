@@ -1,12 +1,13 @@
 """judge-worker: the daemon supervisor runs (``judge-worker --config FILE``).
 
-Start-up: check the config and every slot's sandbox, deliver whatever the outbox holds, then run
-the judge slots (worker/slot.py: ``slots`` of them, each pinned to its CPU, one thread each; a
-worker with one slot runs it on the main thread): get an assignment -> keep its lease alive ->
-judge -> outbox -> deliver. The outbox and the test-data cache are the host's, shared by its slots.
-SIGTERM: every slot finishes the submission it is judging (its result goes through the outbox),
-takes no new work (parked long-poll acquires are cut short), and the worker exits 0. A lease whose
-heartbeat answers 410 is abandoned at once and nothing is reported for it.
+Start-up: check the config and every slot's sandbox, then run the judge slots (worker/slot.py:
+``slots`` of them, each pinned to its CPU, one thread each, also when there is one): deliver
+whatever the outbox holds, then get an assignment -> keep its lease alive -> judge -> outbox ->
+deliver. The outbox and the test-data cache are the host's, shared by its slots. The main thread
+only watches for a stop (worker/stop_signals.py) and for its slots to end.
+SIGTERM (or SIGINT), whenever it comes: every slot finishes the submission it is judging (its result
+goes through the outbox), takes no new work (parked long-poll acquires are cut short), and the
+worker exits 0. A lease whose heartbeat answers 410 is abandoned at once and nothing is reported for it.
 
 A sandbox that fails to start a program is this machine's failure, never a verdict: the submission
 is judged again (a transient shortage passes); if the sandbox keeps failing, an arbiter lease is
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 
@@ -30,6 +30,7 @@ from .datastore import DataStore
 from .outbox import Outbox
 from .sandbox import Sandbox, SandboxUnavailable
 from .slot import JudgeSlot
+from .stop_signals import StopSignals
 
 log = logging.getLogger("worker")
 
@@ -115,28 +116,39 @@ class Worker:
                 self.stopping.wait(backoff.next_delay())
 
     # -- the slots ------------------------------------------------------------------
-    def interrupt(self) -> None:
-        """SIGTERM: cut every parked long-poll short."""
+    def stop(self) -> None:
+        """Take no new work, and cut every parked long-poll short (it would otherwise hold the stop,
+        and every restart, for up to long_poll_secs). What is being judged is finished."""
+        self.stopping.set()
         for slot in self.slots:
             slot.interrupt()
 
-    def run(self) -> int:
+    def _run_slot(self, slot: JudgeSlot) -> None:
+        # What the outbox held at start is delivered before any slot asks for work (one slot delivers,
+        # the others wait for it); a stop meanwhile leaves it for the next start.
+        self.deliver_outbox()
+        slot.run()
+
+    def run(self, stop_signals: StopSignals | None = None, watch_secs: float = 0.5) -> int:
+        """Runs the slots until they stop; a stop signal (if given) stops them. Returns the exit code."""
         for slot in self.slots:
             slot.self_test()
         log.info("worker started", extra={"worker_id": self.cfg.worker_id, "kind": self.cfg.kind,
                                           "transport": self.cfg.transport, "slots": self.cfg.slots,
                                           "slot_cpus": list(self.cfg.slot_cpus),
                                           "cgroups": self.slots[0].sandbox.cgroup_version})
-        self.deliver_outbox()
-        if len(self.slots) == 1:
-            self.slots[0].run()
-        else:
-            threads = [threading.Thread(target=slot.run, name=f"slot-{slot.index}", daemon=True)
-                       for slot in self.slots]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+        threads = [threading.Thread(target=self._run_slot, args=(slot,), name=f"slot-{slot.index}", daemon=True)
+                   for slot in self.slots]
+        for thread in threads:
+            thread.start()
+        while alive := [thread for thread in threads if thread.is_alive()]:
+            if stop_signals is None:  # in process: whoever runs it calls stop()
+                alive[0].join()
+                continue
+            received = stop_signals.wait(watch_secs)
+            if received is not None and not self.stopping.is_set():
+                log.info("stop requested", extra={"signal": received.name})
+                self.stop()
         log.info("worker stopped", extra={"judged": self.judged})
         return 0
 
@@ -164,15 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"judge-worker: sandbox unavailable: {exc}", file=sys.stderr)
         return 3
 
-    def on_term(signum, frame):
-        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
-        worker.stopping.set()
-        # A parked long-poll would otherwise hold the stop (and every restart) for up to long_poll_secs.
-        worker.interrupt()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    return worker.run()
+    # Before the self-tests: a stop that comes while they run is seen as soon as the slots start.
+    return worker.run(StopSignals())
 
 
 if __name__ == "__main__":

@@ -159,10 +159,11 @@ class JudgeSlot:
         assignment = self.transport.next_assignment(self.worker.stopping)
         if assignment is None:
             self.lifecycle.go("idle")
+            faults.between_acquires(self.worker.stopping)
             return False
         self.lifecycle.go("judge")
         job = assignment.job
-        faults.after_assignment()
+        faults.after_assignment(self.worker.stopping)
         if self.worker.stopping.is_set() and assignment.lease_token is not None:
             # Stopping: hand the new lease back (pending again at once, no attempt used); if the arbiter
             # cannot be reached, the unconfirmed lease goes back to the queue by itself.
