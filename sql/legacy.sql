@@ -16,12 +16,16 @@ SELECT worker_id FROM judge_nodes
 WHERE kind = 'home' AND idle AND last_seen > now() - make_interval(secs => %(fresh_secs)s)
 ORDER BY worker_id;
 
+-- leased_at is clock_timestamp(), the database's clock as the claim runs: the claim's transaction
+-- began before it waited for the global lock, perhaps before the submission was queued, and a
+-- now() lease time would then precede its queue time.
+
 -- name: claim_pinned_canary
 -- A cutover gate's canary pinned to this worker: taken before the yield rules are asked, since no
 -- other worker may take it (a production worker that yields to idle home workers would otherwise
 -- never judge its own gate's canary).
 UPDATE submissions s
-SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1, leased_at = now()
+SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1, leased_at = clock_timestamp()
 FROM problems p
 WHERE s.id = (SELECT id FROM submissions
               WHERE status = 'pending' AND canary_expect IS NOT NULL AND pinned_worker = %(worker_id)s
@@ -45,7 +49,7 @@ WITH candidate AS (
          ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)) AS id
 )
 UPDATE submissions s
-SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1, leased_at = now()
+SET status = 'judging', worker_id = %(worker_id)s, judge_attempts = s.judge_attempts + 1, leased_at = clock_timestamp()
 FROM candidate, problems p
 WHERE s.id = candidate.id AND s.status = 'pending' AND p.id = s.problem_id
 RETURNING s.id AS submission_id, s.problem_id, p.slug AS problem_slug, s.language, s.source,

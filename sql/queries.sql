@@ -33,7 +33,7 @@ WITH candidate AS (
         judge_attempts = s.judge_attempts + 1,
         lease_expires_at = now() + make_interval(secs => %(unconfirmed_secs)s),
         lease_confirmed_at = NULL,
-        leased_at = now()
+        leased_at = clock_timestamp()  -- when the row was taken, not when the transaction began
     FROM candidate
     WHERE s.id = candidate.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
@@ -86,7 +86,7 @@ WITH wanted AS (
         judge_attempts = s.judge_attempts + 1,
         lease_expires_at = now() + make_interval(secs => %(unconfirmed_secs)s),
         lease_confirmed_at = NULL,
-        leased_at = now()
+        leased_at = clock_timestamp()  -- when the row was taken, not when the transaction began
     FROM pairs
     WHERE s.id = pairs.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,

@@ -90,6 +90,34 @@ def test_the_legacy_claim_honours_the_pin_and_takes_it_out_of_turn(make_db, tmp_
         assert row_of(conn, pinned) == ("judging", "prod-1")
 
 
+def test_a_claim_that_waited_for_the_global_lock_still_leases_after_the_canary_was_queued(make_db, tmp_path):
+    """A legacy claim's transaction begins, then waits for the global lock another worker holds; the
+    gate's canary is queued meanwhile and the claim takes it. Its leased_at is when the claim took it
+    (the database's clock as the claim runs), never the transaction's start: queued->leased is never
+    negative (a '-0.01s' gate line once failed the cutover test's parse of it)."""
+    import threading
+
+    db = make_db("stage0")
+    prod = direct_transport(db.dsn, "prod-1", "production", tmp_path / "p")
+    taken = {}
+    with db.connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM judge_dispatch_state WHERE id = 1 FOR UPDATE")  # another worker's turn
+        claimer = threading.Thread(target=lambda: taken.update(job=prod.claim()))
+        claimer.start()
+        with db.connect() as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                          ).fetchone()[0] == 1, 10, what="the claim to wait for the global lock")
+            time.sleep(0.05)  # the canary is queued well after the claim's transaction began
+            pinned = canary.submit(conn, "python3", pinned_worker="prod-1")
+        holder.execute("COMMIT")
+        claimer.join(10)
+    assert taken["job"].submission_id == pinned
+    with db.connect() as conn:
+        result = canary.outcome(conn, pinned)
+    assert result.queued_s >= 0, result.timings()
+
+
 def test_a_claim_that_ignores_the_pin_changes_nothing(make_db):
     """Old legacy code knows nothing of pins: the database keeps the pin all the same."""
     db = make_db("stage0")

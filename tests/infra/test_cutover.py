@@ -289,15 +289,45 @@ def reach_stage(lab: Lab, stage: int) -> None:
         lab.stage = stage
 
 
-GATE_LINE = re.compile(r"(canary #\d+ \(c\) on (\S+) through \w+: AC as expected; "
-                       r"queued->leased [\d.]+s, leased->decided [\d.]+s, total [\d.]+s)")
+def last_submission_id(lab: Lab) -> int:
+    with lab.connect() as conn:
+        return conn.execute("SELECT coalesce(max(id), 0) FROM submissions").fetchone()[0]
 
 
-def gate_lines(output: str) -> dict[str, str]:
-    """Each switched worker's gate line (judgectl canary run, shown by the play): worker -> line.
+def gates_since(lab: Lab, after_id: int) -> list[tuple[str, "canary.Outcome"]]:
+    """The gates a play ran, read from the database rather than from the play's folded YAML: every
+    canary pinned to a worker queued after ``after_id``, as (pinned worker, outcome), in order."""
+    from arbiter import canary
 
-    The play prints results as YAML (ansible.cfg), which folds a long line: unfolded first."""
-    return {worker: line for line, worker in GATE_LINE.findall(re.sub(r"\n[ \t]+", " ", output))}
+    with lab.connect() as conn:
+        rows = conn.execute("SELECT id, pinned_worker FROM submissions WHERE id > %s AND canary_expect IS NOT NULL "
+                            "AND pinned_worker IS NOT NULL ORDER BY id", (after_id,)).fetchall()
+        return [(worker, canary.outcome(conn, sid)) for sid, worker in rows]
+
+
+def assert_gates(lab: Lab, after_id: int, workers: list[str], through: str) -> list[str]:
+    """Exactly one gate per switched worker, each decided AC by that worker through ``through``, each
+    shown by the play with its timings. Returns the lines shown."""
+    gates = gates_since(lab, after_id)
+    where = f"(full output: {lab.logs[-1]})"
+    assert sorted(w for w, _ in gates) == sorted(workers), (
+        f"gates run {[(w, o.submission_id, o.status) for w, o in gates]}, expected one for each of {workers} "
+        f"{where}\n{gate_tasks(lab.output)}")
+    shown = " ".join(lab.output.split())  # the play prints YAML, which folds a long line at a space
+    lines = []
+    for worker, outcome in gates:
+        assert (outcome.status, outcome.worker_id, outcome.transport) == ("AC", worker, through), (outcome, where)
+        assert outcome.queued_s >= 0 and outcome.judging_s >= 0, (outcome, where)
+        line = f"canary #{outcome.submission_id} (c) on {worker} through {through}: AC as expected; {outcome.timings()}"
+        assert line in shown, f"the play did not show {line!r} {where}\n{gate_tasks(lab.output)}"
+        lines.append(line)
+    return lines
+
+
+def gate_tasks(output: str) -> str:
+    """The play's gate tasks and what each printed, for a failure message."""
+    tasks = re.findall(r"^TASK \[[^\]]*(?:gate|Switch|restarts)[^\]]*\].*?(?=^TASK |^PLAY RECAP)", output, re.M | re.S)
+    return "".join(tasks)[-6000:]
 
 
 def test_the_documented_procedure_passes_on_an_idle_lab(lab):
@@ -312,19 +342,17 @@ def test_the_documented_procedure_passes_on_an_idle_lab(lab):
     switched = {0: homes + prods, 1: [], 2: homes[:1], 3: homes[1:], 4: prods}
     for stage in range(5):
         started = time.monotonic()
+        before = last_submission_id(lab)
         if stage == 0:
             lab.play("site.yml", "-e", "judge_cutover_stage=0")
         else:
             lab.play(f"stage{stage}.yml")
-        lines = gate_lines(lab.output)
-        assert sorted(lines) == sorted(switched[stage]), (stage, lab.output[-3000:])
-        through = "arbiter" if stage >= 2 else "direct"
-        assert all(f"through {through}:" in lines[w] for w in switched[stage]), lines
+        lines = assert_gates(lab, before, switched[stage], "arbiter" if stage >= 2 else "direct")
         lab.stage = stage
-        print(f"stage {stage}: {time.monotonic() - started:.0f}s; gates: {list(lines.values())}")
+        print(f"stage {stage}: {time.monotonic() - started:.0f}s; gates: {lines}")
+    before = last_submission_id(lab)
     lab.play("rollback.yml")
-    lines = gate_lines(lab.output)
-    assert sorted(lines) == sorted(homes + prods) and all("through direct:" in v for v in lines.values()), lines
+    assert_gates(lab, before, homes + prods, "direct")
     lab.stage = 0
     with lab.connect() as conn:
         # Nothing but canaries was judged, each right, and none credited to anyone.
@@ -360,6 +388,7 @@ def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab, flow):
     corrupt = "/var/lib/judge-worker/testdata/judge-canary"
     assert nodes["home-1"].run(f"mkdir {corrupt} && printf '1 2\\n' > {corrupt}/1.in && "
                                f"printf '4\\n' > {corrupt}/1.out").rc == 0
+    first_new = last_submission_id(lab)
     try:
         before = {h: n.file("/etc/judge-worker/worker.toml").content_string
                   for h, n in nodes.items() if h.startswith(("home", "prod"))}
@@ -374,9 +403,13 @@ def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab, flow):
     # The lab stays at stage 1 plus whatever stage 2 did before home-1's gate (the arbiter's play):
     # the operator's next step is stage 2 again, and the next test takes exactly that step.
     assert result.returncode != 0
-    failure = re.search(r"home-1 failed its gate through transport arbiter \(judgectl: error: ([^\n]*)",
-                        re.sub(r"\n[ \t]+", " ", result.stdout))
-    assert failure and "on home-1 through arbiter: verdict WA, expected AC" in failure.group(1), result.stdout[-3000:]
+    # The gate's canary, read from the database: home-1's alone (no worker after it was touched), WA.
+    gates = gates_since(lab, first_new)
+    assert [(w, o.status, o.transport) for w, o in gates] == [("home-1", "WA", "arbiter")], gates
+    # The play's failure names the worker and the verdict (its YAML folds long lines at spaces).
+    shown = " ".join(result.stdout.split())
+    assert (f"home-1 failed its gate through transport arbiter (judgectl: error: canary #{gates[0][1].submission_id} "
+            f"(c) on home-1 through arbiter: verdict WA, expected AC") in shown, result.stdout[-3000:]
     after = {h: nodes[h].file("/etc/judge-worker/worker.toml").content_string for h in before}
     assert after == before, "home-1 is back on its previous configuration, the others untouched"
     assert 'transport = "direct"' in after["home-1"]
