@@ -78,13 +78,19 @@ def _bad_text(text: str) -> str | None:
     return None
 
 
+def _body_too_large(max_bytes: int) -> falcon.HTTPError:
+    # The limit in the title too: a worker's log line names what to shrink below.
+    return falcon.HTTPContentTooLarge(title=f"body too large (limit {max_bytes} bytes)",
+                                      description=f"the body is larger than max_body_bytes ({max_bytes} bytes)")
+
+
 async def read_json(req, max_bytes: int, timeout: float) -> dict[str, Any]:
     """The request's JSON object, or a 4xx: too large (413), not all there within ``timeout`` (408),
     not JSON or nested too deeply (400), a value PostgreSQL cannot store (422, naming the field).
     Nothing is written before this passes."""
     length = req.content_length
     if length is not None and length > max_bytes:
-        raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
+        raise _body_too_large(max_bytes)
     try:
         async with asyncio.timeout(timeout):
             raw = await req.bounded_stream.read(max_bytes + 1)
@@ -95,7 +101,7 @@ async def read_json(req, max_bytes: int, timeout: float) -> dict[str, Any]:
                                description=f"the body did not arrive within {timeout:g} s",
                                headers={"Connection": "close"}) from None
     if len(raw) > max_bytes:
-        raise falcon.HTTPContentTooLarge(title="body too large", description=f"limit is {max_bytes} bytes")
+        raise _body_too_large(max_bytes)
     try:
         body = json.loads(raw, parse_constant=_not_a_number)  # NaN and Infinity are not JSON
     except RecursionError:

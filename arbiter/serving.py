@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import resource
 import sys
 
@@ -38,6 +39,8 @@ APP = "arbiter.asgi:app"
 WORKER_CLASS = "arbiter.serving.ArbiterWorker"
 # A request line and headers larger than this are refused (ours are a few hundred bytes).
 MAX_HEADER_BYTES = 32 * 1024
+# The blank line that ends a request's headers (CRLF, or a bare LF, which the parser also accepts).
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
 
 
 def _settings():
@@ -49,12 +52,21 @@ def _settings():
 
 
 class ArbiterHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a deadline for the request line and headers."""
+    """uvicorn's httptools protocol plus a deadline and a size limit for the request line and headers.
+
+    The limit counts the request line and headers only, wherever they end inside a read: a client
+    (the worker's http.client among them, whenever the arbiter is busy enough) may deliver the
+    headers and the start of a large body in one read, and those body bytes are the app's to bound
+    (max_body_bytes, 413), not the header limit's. Where the headers end is found before the bytes
+    reach the parser, so an oversized head is refused before uvicorn starts the request.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
-        self._header_bytes = 0  # received since the current request began, until its headers end
+        self._in_head = True  # the bytes that come next are a request line and headers
+        self._head_bytes = 0  # of the current request's line and headers, received so far
+        self._head_tail = b""  # the last bytes of them, to find a blank line split across reads
 
     def _arm_header_deadline(self) -> None:
         if self._header_deadline is None:
@@ -71,14 +83,31 @@ class ArbiterHttpProtocol(HttpToolsProtocol):
             METRICS.inc("arbiter_slow_clients_closed_total", phase="headers")
             self.transport.close()
 
+    def _head_part(self, data: bytes) -> int:
+        """How many bytes of ``data`` belong to the request line and headers: up to and including the
+        blank line that ends them, or all of it when it is not here yet. (Blank lines before a request
+        line, which a server may ignore, are skipped.)"""
+        if not self._head_bytes:
+            data_start = len(data) - len(data.lstrip(b"\r\n"))
+        else:
+            data_start = 0
+        seen = self._head_tail + data[data_start:]
+        end = _HEAD_END.search(seen)
+        if end is None:
+            return len(data)
+        return data_start + end.end() - len(self._head_tail)
+
     def data_received(self, data: bytes) -> None:
-        if self._header_deadline is not None:
-            self._header_bytes += len(data)
-            if self._header_bytes > MAX_HEADER_BYTES:
+        if self._in_head:
+            head = self._head_part(data)
+            self._head_bytes += head
+            if self._head_bytes > MAX_HEADER_BYTES:
                 METRICS.inc("arbiter_slow_clients_closed_total", phase="header_size")
                 self._disarm_header_deadline()
-                self.send_400_response("Request line and headers too large.")
+                self.send_400_response(f"Request line and headers too large (limit {MAX_HEADER_BYTES} bytes).")
                 return
+            if head == len(data):
+                self._head_tail = (self._head_tail + data)[-3:]
         super().data_received(data)
 
     def connection_made(self, transport) -> None:
@@ -91,8 +120,12 @@ class ArbiterHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_deadline()
-        self._header_bytes = 0
+        self._in_head, self._head_bytes, self._head_tail = False, 0, b""
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True  # what comes next is the next request's (keep-alive, pipelining)
 
     def on_response_complete(self) -> None:
         # Between requests uvicorn's keep-alive timeout closes an idle connection.
