@@ -95,6 +95,28 @@ def test_a_worker_without_the_data_or_with_stale_data_fetches_it_and_judges_with
     assert log.count("test file fetched") == 2, log  # 4.in and 4.out
 
 
+def test_empty_test_files_are_fetched_as_files(db, arbiters, workers, tmp_path):
+    """A "Hello, World!" problem: its inputs are empty files. A worker with no copy of the data fetches
+    every file, the empty one included, and judges AC; once, the empty file's download made no
+    .part file to rename and every submission ended system_error (FileNotFoundError)."""
+    site = aplusb_site(db, tmp_path)
+    hello = write_testdata(tmp_path / "hello", site.problem, [("", "Hello, World!\n")] * 2)
+    assert judgectl(db, "problem", "data", "aplusb", str(hello)).returncode == 0
+    nothing = tmp_path / "nothing-shipped"
+    nothing.mkdir()
+    a = arbiters.start(db.dsn)
+    w = workers("home-1", "home", "arbiter", nothing, arbiter_urls=[a.url], credential=site.cred, **FAST).start()
+    with db.connect() as conn:
+        sid = leases.submit(conn, site.user, site.problem, "python3",
+                            "import sys\nif sys.stdin.read() == '':\n    print('Hello, World!')\n")
+        wait_for(lambda: conn.execute("SELECT status FROM submissions WHERE id = %s", (sid,)).fetchone()[0]
+                 not in ("pending", "judging"), 60, interval=0.2, what="judged")
+        judged = conn.execute("SELECT verdict, detail::text FROM submission_judgings WHERE submission_id = %s",
+                              (sid,)).fetchone()
+    assert judged[0] == "AC", (judged, w.log_text()[-2000:])
+    assert w.log_text().count("test file fetched") == 2, w.log_text()  # the empty blob and the greeting
+
+
 class _Client(ArbiterClient):
     """Cuts every download after ``cut`` bytes, the way a dropped connection does."""
 
