@@ -18,6 +18,9 @@ _HELP = {
     "arbiter_legacy_turns_total": ("counter", "Matches deferred to a legacy worker's turn (stages 1-3)"),
     "arbiter_requests_total": ("counter", "HTTP requests answered, by route and status"),
     "arbiter_results_total": ("counter", "Results received, by outcome"),
+    "arbiter_results_refused_total": ("counter", "Results refused for a reason no retry fixes (a 4xx other than 401, 408, "
+                                      "410, 429), by status: the verdict waits in the worker's outbox/rejected/ "
+                                      "(413: the worker sends it again without its detail)"),
     "arbiter_heartbeats_total": ("counter", "Heartbeats received, by outcome"),
     "arbiter_releases_total": ("counter", "Leases handed back by their workers, by outcome"),
     "arbiter_is_leader": ("gauge", "1 while this arbiter holds the leader lock"),

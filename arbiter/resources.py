@@ -350,6 +350,9 @@ class Release(_Base):
 
 class Result(_Base):
     routine = True
+    # A refusal here that no retry can fix leaves a verdict in the worker's outbox/rejected/: counted
+    # apart (arbiter_results_refused_total) for the alert JudgeResultRefused.
+    counts_refusals = True
     auth = True
     urgent = True
 
@@ -441,12 +444,21 @@ class OpenApi(_Base):
         _json(resp, falcon.HTTP_200, build_spec(self.settings))
 
 
+# What a worker retries or takes as the end of its lease (docs/protocol.md): not a refusal of its result.
+RETRIED_STATUSES = frozenset({"401", "408", "410", "429"})
+
+
 class RequestLog:
     """Middleware: a metric per request and a JSON log line (never headers or bodies): at info level,
     except a worker's routine lease traffic answered with a 2xx (resources with ``routine = True``):
     several requests a second per judging worker at contest time, each already told by a line of its
     own ("lease granted", "result received") or by metrics (heartbeats), so a debug line. A refusal
     is always an info line."""
+
+    def __init__(self):
+        # The refusals a result can meet, exported at 0 from the start (a rate needs a first sample).
+        for status in ("400", "403", "404", "413", "422"):
+            METRICS.inc("arbiter_results_refused_total", 0, status=status)
 
     async def process_request(self, req, resp):
         req.context.started = time.monotonic()
@@ -455,6 +467,8 @@ class RequestLog:
         route = req.uri_template or "unmatched"
         status = resp.status[:3] if isinstance(resp.status, str) else str(int(resp.status))
         METRICS.inc("arbiter_requests_total", route=route, status=status)
+        if getattr(resource, "counts_refusals", False) and status[0] == "4" and status not in RETRIED_STATUSES:
+            METRICS.inc("arbiter_results_refused_total", status=status)
         level = logging.DEBUG if getattr(resource, "routine", False) and status[0] == "2" else logging.INFO
         if not log.isEnabledFor(level):
             return

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import detail_budget
 from .checker import CheckerBroken, Checkers, CheckerUnusable
 from .compare import Comparer, ComparerError, outputs_match, parse_comparer
 from .datastore import DataStore, DataUnavailable
@@ -164,6 +165,7 @@ class Judge:
         finally:
             if held is not None:
                 self.data_store.release(held)
+        verdict.detail = detail_budget.fit(verdict.detail)  # however many tests: far below any body limit
         verdict.data_digest = data_digest
         return verdict
 

@@ -100,12 +100,9 @@ class Worker:
         for path, entry in self.outbox.pending():
             backoff = Backoff(self.cfg.backoff_initial_secs, self.cfg.backoff_max_secs)
             while True:
-                outcome = self._transport_for(entry).deliver(entry)
+                outcome, entry = self._deliver_one(path, entry)
                 if outcome in ("delivered", "gone"):
                     self.outbox.clear(path)
-                    log.info("result delivered" if outcome == "delivered" else "result refused as stale (410)",
-                             extra={"submission_id": entry.submission_id, "verdict": entry.verdict,
-                                    "lease_gen": entry.lease_gen})
                     break
                 if outcome.startswith("reject:"):
                     self.outbox.reject(path, outcome[len("reject:"):])
@@ -114,6 +111,63 @@ class Worker:
                     log.info("stopping with results still in the outbox; they are delivered on the next start")
                     return
                 self.stopping.wait(backoff.next_delay())
+
+    def _deliver_one(self, path, entry):
+        """One delivery of ``entry`` (stored at ``path``): (outcome, the entry as it now stands).
+
+        A 413 (the arbiter's body limit below this worker's detail budget) is answered by sending the
+        same verdict, time, memory and failed test with the rest of the detail left out: the entry is
+        rewritten so first (a crash keeps the shrunk one), then sent again at once. A verdict is never
+        dropped for its detail's size."""
+        outcome = self._transport_for(entry).deliver(entry)
+        if outcome == "too_large":
+            if "detail_dropped" in entry.detail:  # already minimal: the limit is misconfigured
+                return "reject:HTTP 413 even with a minimal detail", entry
+            entry = entry.with_minimal_detail("the arbiter refused the full detail as too large (HTTP 413)")
+            self.outbox.rewrite(path, entry)
+            log.warning("result over the arbiter's body limit; sending it without its detail",
+                        extra={"submission_id": entry.submission_id, "verdict": entry.verdict})
+            outcome = self._transport_for(entry).deliver(entry)
+            if outcome == "too_large":
+                return "reject:HTTP 413 even with a minimal detail", entry
+        if outcome in ("delivered", "gone"):
+            log.info("result delivered" if outcome == "delivered" else "result refused as stale (410)",
+                     extra={"submission_id": entry.submission_id, "verdict": entry.verdict,
+                            "lease_gen": entry.lease_gen})
+        return outcome, entry
+
+    def resend_rejected(self, out=sys.stdout) -> int:
+        """The operator's command (judge-worker --resend-rejected), once the cause is fixed: each entry in
+        rejected/ is sent again; one delivered (or stale: 410) leaves rejected/, one still refused
+        stays there. One line each. Exit code 0 when rejected/ is empty afterwards, else 1."""
+        left = 0
+        for path, entry in self.outbox.rejected():
+            if entry is None:
+                print(f"{path.name}: unreadable; left in rejected/", file=out)
+                left += 1
+                continue
+            outcome, entry = self._deliver_one(path, entry)
+            what = f"{path.name}: submission {entry.submission_id} {entry.verdict}"
+            if outcome in ("delivered", "gone"):
+                self.outbox.clear(path)
+                print(f"{what}: {'delivered' if outcome == 'delivered' else 'stale (410): nothing to deliver'}",
+                      file=out)
+            else:
+                print(f"{what}: {outcome.removeprefix('reject:')}; left in rejected/", file=out)
+                left += 1
+        return 0 if left == 0 else 1
+
+    def list_rejected(self, out=sys.stdout) -> int:
+        """judge-worker --rejected: one line per entry kept in rejected/ (exit 0; 1 when there are any)."""
+        found = self.outbox.rejected()
+        for path, entry in found:
+            if entry is None:
+                print(f"{path.name}: unreadable", file=out)
+            else:
+                print(f"{path.name}: submission {entry.submission_id} {entry.verdict} "
+                      f"(lease gen {entry.lease_gen}, via {entry.transport})", file=out)
+        print(f"{len(found)} rejected result(s) in {self.outbox.rejected_dir}", file=out)
+        return 1 if found else 0
 
     # -- the slots ------------------------------------------------------------------
     def stop(self) -> None:
@@ -157,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="judge-worker", description="Judge worker daemon")
     parser.add_argument("--config", required=True, help="TOML config file")
     parser.add_argument("--check-config", action="store_true", help="validate the config and the sandbox, then exit")
+    parser.add_argument("--rejected", action="store_true",
+                        help="list the results the arbiter refused for good (outbox/rejected/), then exit")
+    parser.add_argument("--resend-rejected", action="store_true",
+                        help="send every refused result again (once its cause is fixed), then exit")
     args = parser.parse_args(argv)
     logs.configure()
     try:
@@ -164,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         for directory in (cfg.outbox_dir, cfg.work_dir):
             directory.mkdir(parents=True, exist_ok=True)
         worker = Worker(cfg)
+        if args.rejected:
+            return worker.list_rejected()
+        if args.resend_rejected:
+            return worker.resend_rejected()
         if args.check_config:
             for slot in worker.slots:
                 slot.self_test()

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 log = logging.getLogger("worker.outbox")
@@ -36,6 +36,12 @@ class Entry:
     @property
     def filename(self) -> str:
         return f"{int(self.created_at * 1000):015d}-{self.submission_id}-{self.entry_id}.json"
+
+    def with_minimal_detail(self, why: str) -> "Entry":
+        """The same result (verdict, time, memory, the failed test's number) without the rest of its detail."""
+        from .detail_budget import minimal
+
+        return replace(self, detail=minimal(self.detail, why))
 
     def result_payload(self) -> dict:
         payload = {"lease_token": self.lease_token, "verdict": self.verdict, "time_ms": self.time_ms,
@@ -67,9 +73,10 @@ class Outbox:
         with self._lock:
             return self._put(entry)
 
-    def _put(self, entry: Entry) -> Path:
-        final = self.directory / entry.filename
-        tmp = self.directory / f".{entry.filename}.tmp"
+    def _put(self, entry: Entry, directory: Path | None = None) -> Path:
+        directory = directory or self.directory
+        final = directory / entry.filename
+        tmp = directory / f".{entry.filename}.tmp"
         data = json.dumps(asdict(entry), sort_keys=True).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -78,7 +85,7 @@ class Outbox:
         finally:
             os.close(fd)
         os.rename(tmp, final)
-        _fsync_dir(self.directory)
+        _fsync_dir(directory)
         return final
 
     def pending(self) -> list[tuple[Path, Entry]]:
@@ -105,9 +112,26 @@ class Outbox:
             entries.append((path, entry))
         return entries
 
+    def rewrite(self, path: Path, entry: Entry) -> Path:
+        """Replace the entry at ``path`` (in the outbox or in rejected/) with ``entry``: the same result
+        with a changed payload, atomically, in the same file."""
+        with self._lock:
+            assert path.name == entry.filename, "an entry keeps its file"
+            return self._put(entry, path.parent)
+
+    def rejected(self) -> list[tuple[Path, Entry | None]]:
+        """The entries kept in rejected/ (None for one that cannot be read), oldest first."""
+        found = []
+        for path in sorted(self.rejected_dir.glob("*.json")) if self.rejected_dir.is_dir() else []:
+            try:
+                found.append((path, Entry(**json.loads(path.read_text(encoding="utf-8")))))
+            except (ValueError, TypeError, UnicodeDecodeError):
+                found.append((path, None))
+        return found
+
     def clear(self, path: Path) -> None:
         path.unlink(missing_ok=True)
-        _fsync_dir(self.directory)
+        _fsync_dir(path.parent)
 
     def reject(self, path: Path, reason: str) -> None:
         """Keep an entry that can never be delivered (a bug, not an outage) for an operator to look at."""

@@ -135,19 +135,22 @@ class ArbiterTransport:
         beats.start()
         return beats
 
-    def release(self, assignment: Assignment, reason: str) -> None:
-        """Hand the lease back so that the submission is pending again at once. If the arbiter cannot
-        be reached or refuses, the lease expires by itself, as before there was a release (403, 404
-        and 410 mean it is not this worker's lease any more: nothing to hand back)."""
+    def release(self, assignment: Assignment, reason: str) -> str:
+        """Hand the lease back so that the submission is pending again at once: 'released'. If the
+        arbiter cannot be reached or refuses, the lease expires by itself, as before there was a
+        release: 'expires' (403, 404 and 410 mean it is not this worker's lease any more: nothing to
+        hand back, 'released')."""
         try:
             reply = self.client.release(assignment.job.submission_id, assignment.lease_token, reason)
         except Unreachable as exc:
             log.warning("could not hand the lease back; it expires by itself",
                         extra={"submission_id": assignment.job.submission_id, "error": str(exc)[:200]})
-            return
+            return "expires"
         if reply.status not in (200, 403, 404, 410):
             log.warning("lease release refused; it expires by itself",
                         extra={"submission_id": assignment.job.submission_id, "status": reply.status})
+            return "expires"
+        return "released"
 
     def entry_for(self, assignment: Assignment, verdict) -> Entry:
         return Entry(transport="arbiter", submission_id=assignment.job.submission_id, verdict=verdict.verdict,
@@ -155,7 +158,8 @@ class ArbiterTransport:
                      memory_kb=verdict.memory_kb, detail=verdict.detail, data_digest=verdict.data_digest)
 
     def deliver(self, entry: Entry) -> str:
-        """'delivered' | 'gone' | 'retry' | 'reject:<why>'"""
+        """'delivered' | 'gone' | 'retry' | 'too_large' | 'reject:<why>' (docs/protocol.md, "Every answer
+        and what the worker does")."""
         if entry.transport != "arbiter":
             return "reject:a direct-DB result cannot be delivered through the arbiter"
         try:
@@ -168,7 +172,9 @@ class ArbiterTransport:
             return "delivered"
         if reply.status == 410:
             return "gone"
-        if reply.status in (401, 429) or reply.status >= 500:
+        if reply.status == 413:
+            return "too_large"
+        if reply.status in (401, 408, 429) or reply.status >= 500:
             return "retry"
         return f"reject:HTTP {reply.status} {(reply.body or {}).get('title', '')}"
 

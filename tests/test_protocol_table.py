@@ -1,0 +1,105 @@
+"""docs/protocol.md's table "Every answer and what the worker does", walked row by row: a server
+answers each status in turn, and the worker's own transport must do what the row says.
+
+The server stands for the arbiter's HTTP answers only (what the worker does with a status is the
+worker's code, whatever produced the status); every status in the table is one the arbiter answers
+(tests/test_arbiter_http.py and the scenario tests make each of them for real)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from worker.config import SandboxConfig, WorkerConfig
+from worker.judge import Job
+from worker.outbox import Entry
+from worker.transport_arbiter import Assignment, ArbiterTransport, Heartbeats
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+ROW = re.compile(r"^\| (result|heartbeat|acquire|release) \| (\d{3}) \| [^|]+ \| `(\w+)` \|$", re.M)
+LEASE = {"submission_id": 7, "lease_token": "t" * 36, "lease_gen": 1, "language": "python3", "source": "",
+         "problem": {"id": 1, "slug": "p", "time_limit_ms": 1000, "memory_limit_kb": 65536}}
+
+
+def table() -> list[tuple[str, int, str]]:
+    rows = [(endpoint, int(status), outcome) for endpoint, status, outcome in ROW.findall(DOC.read_text())]
+    assert len(rows) >= 25, "the table in docs/protocol.md was not found"
+    return rows
+
+
+class Answering(ThreadingHTTPServer):
+    daemon_threads = True
+    status = 200
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status = self.server.status
+        body = json.dumps(LEASE if status == 200 and self.path == "/v1/acquire" else {"title": f"status {status}"})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", str(len(body)) if status != 204 else "0")
+        self.end_headers()
+        if status != 204:
+            self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = Answering(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+
+
+def transport(server, tmp_path) -> ArbiterTransport:
+    cfg = WorkerConfig(worker_id="home-1", kind="home", transport="arbiter", outbox_dir=tmp_path / "o",
+                       testdata_dir=tmp_path, work_dir=tmp_path / "w", sandbox=SandboxConfig(),
+                       arbiter_urls=(f"http://127.0.0.1:{server.server_address[1]}",), credential="home-1.secret",
+                       backoff_initial_secs=0.01, backoff_max_secs=0.02, request_timeout_secs=5.0)
+    return ArbiterTransport(cfg)
+
+
+def outcome_of(endpoint: str, t: ArbiterTransport) -> str:
+    job = Job(submission_id=7, problem_id=1, problem_slug="p", language="python3", source="", time_limit_ms=1000,
+              memory_limit_kb=65536)
+    assignment = Assignment(job, "t" * 36, 1, "arbiter")
+    if endpoint == "result":
+        outcome = t.deliver(Entry(transport="arbiter", submission_id=7, verdict="AC", lease_token="t" * 36,
+                                  lease_gen=1, detail={"tests": []}))
+        return outcome.partition(":")[0]
+    if endpoint == "heartbeat":
+        beats = Heartbeats(t.client, assignment, 1.0, 1.0)
+        beats.beat()
+        return "lost" if beats.lost.is_set() else "alive"
+    if endpoint == "acquire":
+        stopping = threading.Event()
+        stopping.set()  # the waits between asks return at once
+        return "lease" if t.next_assignment(stopping) is not None else "ask_again"
+    return t.release(assignment, "test")
+
+
+@pytest.mark.parametrize("endpoint,status,expected", table())
+def test_the_worker_does_what_the_table_says(server, tmp_path, endpoint, status, expected):
+    server.status = status
+    assert outcome_of(endpoint, transport(server, tmp_path)) == expected
+
+
+def test_the_table_covers_every_refusal_the_arbiter_counts():
+    """Every result status the arbiter counts as a refusal (not one a worker retries) is in the table."""
+    from arbiter.resources import RETRIED_STATUSES
+
+    rows = {(e, s): o for e, s, o in table()}
+    for status in RETRIED_STATUSES:
+        assert rows[("result", int(status))] in ("retry", "gone"), status
+    assert rows[("result", 413)] == "too_large"
