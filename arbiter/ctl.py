@@ -208,9 +208,17 @@ def cmd_submit(args, conn) -> int:
     if args.language not in leases.LANGUAGES:
         raise CtlError(f"unknown language {args.language!r} (choose from {', '.join(sorted(leases.LANGUAGES))})")
     try:
-        source = Path(args.source).read_text(encoding="utf-8") if args.source != "-" else sys.stdin.read()
+        raw = Path(args.source).read_bytes() if args.source != "-" else sys.stdin.buffer.read()
     except OSError as exc:
         raise CtlError(f"cannot read source {args.source}: {exc.strerror}") from None
+    try:
+        source = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CtlError(f"source {args.source} is not UTF-8 text (byte {exc.start}); nothing stored") from None
+    try:
+        leases.check_source(source)
+    except leases.SourceRefused as exc:
+        raise CtlError(f"source {args.source}: {exc}; nothing stored") from None
     problem = conn.execute(OPS.find_problem, {"slug": args.problem}).fetchone()
     if problem is None:
         raise CtlError(f"unknown problem {args.problem!r}")

@@ -135,7 +135,31 @@ def _as_uuid(token: str | uuid.UUID) -> uuid.UUID | None:
         return None
 
 
+# The largest source a submission may have (UTF-8 bytes). A lease carries the source, so this bounds
+# every lease body a worker receives; docs/protocol.md, "Limits".
+MAX_SOURCE_BYTES = 64 * 1024
+
+
+class SourceRefused(ValueError):
+    """A source no worker should be handed: too large, or text PostgreSQL cannot store (one line why)."""
+
+
+def check_source(source: str) -> None:
+    size = len(source.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_SOURCE_BYTES:
+        raise SourceRefused(f"the source is {size} bytes; the limit is {MAX_SOURCE_BYTES} bytes")
+    if "\x00" in source:
+        raise SourceRefused("the source contains a NUL byte, which cannot be stored")
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SourceRefused("the source is not valid UTF-8 text") from None
+
+
 def submit(conn: psycopg.Connection, user_id: int, problem_id: int, language: str, source: str) -> int:
+    """(none) -> pending. Raises SourceRefused (nothing stored) for a source past MAX_SOURCE_BYTES or
+    one that is not storable text."""
+    check_source(source)
     with conn.transaction():
         row = conn.execute(
             Q.submit, {"user_id": user_id, "problem_id": problem_id, "language": language, "source": source}
