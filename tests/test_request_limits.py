@@ -13,8 +13,11 @@ import json
 import socket
 import ssl
 import time
+import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from arbiter import tlsfiles
 from arbiter.serving import MAX_HEADER_BYTES
@@ -137,3 +140,21 @@ def test_too_deep_json_is_a_400_that_says_so(arbiter):
     deep = b'{"request_id": "d", "wait_secs": 0, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     status, body = exchange(arbiter, [post("/v1/acquire", cred, deep)])
     assert status == 400 and "nests deeper" in body.get("detail", body.get("description", "")), (status, body)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.one_of(st.integers(40, 2 * MAX_HEADER_BYTES), st.integers(MAX_BODY - 64, MAX_BODY + 64)),
+       depth=st.integers(0, 40), cuts=st.lists(st.integers(1, 2 * MAX_BODY), max_size=4))
+def test_any_body_gets_the_status_its_size_and_shape_decide_however_it_is_split(arbiter, size, depth, cuts):
+    """A body of any size around the limits, nested to any depth, sent in any pieces (the first one
+    with the headers): 413 past max_body_bytes, 400 past 32 levels, else the acquire's own answer."""
+    _, cred, _ = arbiter
+    nested = b'"x": ' + b"[" * depth + b"]" * depth + b", " if depth else b""
+    body = b"{" + nested + f'"request_id": "{uuid.uuid4().hex}", "wait_secs": 0}}'.encode()
+    body += b" " * max(0, size - len(body))
+    raw = post("/v1/acquire", cred, body)
+    edges = sorted({c for c in cuts if c < len(raw)} | {0, len(raw)})
+    pieces = [raw[a:b] for a, b in zip(edges, edges[1:])]
+    expected = {413} if len(body) > MAX_BODY else {400} if depth >= 32 else {200, 204}  # 200: the seeded submission
+    status, reply = exchange(arbiter, pieces)
+    assert status in expected, (len(body), depth, [len(p) for p in pieces], reply)
