@@ -234,4 +234,12 @@ def build_spec(settings) -> dict:
     acquire = spec["components"]["schemas"]["AcquireRequest"]["properties"]
     acquire["wait_secs"]["description"] = (f"seconds to wait for work, at most {settings.long_poll_max_secs:g} "
                                            "(a longer wait is served as that)")
+    # What a client must stay within, published so that a worker's detail budget and this arbiter's
+    # limits cannot drift apart unnoticed (tests/test_verdict_delivery.py reads them from here).
+    from .leases import MAX_SOURCE_BYTES
+    from .resources import MAX_JSON_DEPTH
+    from .serving import MAX_HEADER_BYTES
+
+    spec["info"]["x-limits"] = {"max_header_bytes": MAX_HEADER_BYTES, "max_body_bytes": settings.max_body_bytes,
+                                "max_json_depth": MAX_JSON_DEPTH, "max_source_bytes": MAX_SOURCE_BYTES}
     return spec

@@ -96,6 +96,17 @@ def test_a_result_refused_for_good_waits_in_rejected_and_is_resent_once_fixed(db
     assert (again.returncode, again.stdout) == (0, ""), "nothing left to send"
 
 
+def test_the_arbiter_publishes_its_limits_and_the_detail_budget_is_far_below_them(db, arbiters):
+    """The worker's detail budget, with the rest of a result, fits the arbiter's default body limit
+    many times over; the arbiter publishes its limits in /openapi.json."""
+    a = arbiters.start(db.dsn)
+    status, spec = a.get("/openapi.json")
+    limits = spec["info"]["x-limits"]
+    assert status == 200 and limits["max_body_bytes"] == 1_048_576 and limits["max_header_bytes"] == 32 * 1024
+    assert detail_budget.DETAIL_BUDGET_BYTES * 8 <= limits["max_body_bytes"]
+    assert limits["max_source_bytes"] == leases.MAX_SOURCE_BYTES and limits["max_json_depth"] == 32
+
+
 # -- the detail budget ---------------------------------------------------------------------------
 def judge_detail(tests: int, failed: int | None, message_chars: int = 0) -> dict:
     rows = [{"test": i, "verdict": "AC", "time_ms": 12, "wall_ms": 15, "memory_kb": 3456} for i in range(1, tests + 1)]
