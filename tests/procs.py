@@ -197,22 +197,33 @@ def direct_transport(dsn: str, worker_id: str, kind: str, tmp_path: Path):
 class AplusbSite:
     problem: int
     user: int
-    cred: str  # home-1's arbiter credential
+    cred: str  # the worker's arbiter credential (home-1's unless told otherwise)
     testdata: Path
 
 
-def aplusb_site(db, tmp_path: Path) -> AplusbSite:
-    """The usual start of a worker test: the A+B problem, a user, home-1's credential, test data on disk."""
+def problem_site(db, tmp_path: Path, slug: str = "aplusb", cases=None, worker_id: str = "home-1",
+                 kind: str = "home", slots: int = 1, time_limit_ms: int | None = None) -> AplusbSite:
+    """The usual start of a worker test: a problem (A+B's tests unless ``cases`` are given), a user,
+    one worker's credential, the test data on disk."""
     from fixtures_data import seed_problem, seed_user
     from programs import APLUSB_TESTS
 
     with db.connect() as conn:
-        problem = seed_problem(conn)
+        problem = seed_problem(conn, slug, **({"time_limit_ms": time_limit_ms} if time_limit_ms else {}))
         user = seed_user(conn)
-        cred = add_worker(conn, "home-1")
+        cred = add_worker(conn, worker_id, kind, slots=slots)
     testdata = Path(tmp_path) / "testdata"
-    write_testdata(testdata, problem, APLUSB_TESTS)
+    write_testdata(testdata, problem, APLUSB_TESTS if cases is None else cases)
     return AplusbSite(problem, user, cred, testdata)
+
+
+def aplusb_site(db, tmp_path: Path) -> AplusbSite:
+    return problem_site(db, tmp_path)
+
+
+def doubling_tests(count: int) -> list[tuple[str, str]]:
+    """``count`` tests of A+B with a = b = i (the answer 2i): a problem with as many tests as wanted."""
+    return [(f"{i} {i}\n", f"{2 * i}\n") for i in range(1, count + 1)]
 
 
 class WorkerProcess:

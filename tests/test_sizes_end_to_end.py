@@ -16,8 +16,8 @@ import threading
 import pytest
 
 from arbiter import leases, tlsfiles
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
+from fixtures_data import seed_problem
+from procs import doubling_tests, problem_site, wait_for
 
 WORKER = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
 TESTS = 2000
@@ -49,19 +49,14 @@ class Busy(threading.Thread):
 
 @pytest.fixture
 def https_site(db, arbiters, workers, tmp_path):
-    with db.connect() as conn:
-        problem = seed_problem(conn, "many", time_limit_ms=2000)
-        user = seed_user(conn, "alice")
-        cred = add_worker(conn, "home-1")
-    testdata = write_testdata(tmp_path / "testdata", problem, [(f"{i} {i}\n", f"{2 * i}\n")
-                                                                for i in range(1, TESTS + 1)]).parent
+    seeded = problem_site(db, tmp_path, "many", doubling_tests(TESTS), time_limit_ms=2000)
     ca, _ = tlsfiles.ensure_ca(tmp_path / "ca")
     cert, key, _ = tlsfiles.issue_server_cert(tmp_path / "ca", tmp_path / "arbiter", ["127.0.0.1"])
     a = arbiters.start(db.dsn, ca_file=str(ca), tls_certfile=str(cert), tls_keyfile=str(key),
                        lease_secs=120.0, grace_secs=120.0)
-    w = workers("home-1", "home", "arbiter", testdata, arbiter_urls=[a.url], credential=cred,
+    w = workers("home-1", "home", "arbiter", seeded.testdata, arbiter_urls=[a.url], credential=seeded.cred,
                 tls_ca_file=str(ca), **WORKER)
-    return dict(db=db, arbiter=a, worker=w, problem=problem, user=user)
+    return dict(db=db, arbiter=a, worker=w, problem=seeded.problem, user=seeded.user)
 
 
 def test_two_thousand_tests_and_megabytes_of_compiler_output_over_https_on_a_busy_arbiter(https_site):

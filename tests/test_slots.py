@@ -11,7 +11,7 @@ import pytest
 
 from arbiter import leases
 from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
+from procs import add_worker, problem_site, wait_for, write_testdata
 from programs import APLUSB_TESTS
 from worker import cgroups
 from worker import config as worker_config
@@ -98,23 +98,20 @@ def test_slot_cpus_are_checked_and_chosen():
 # -- the arbiter's side ------------------------------------------------------------------------------
 @pytest.fixture
 def site(db, arbiters, workers, tmp_path):
-    with db.connect() as conn:
-        problem = seed_problem(conn, "aplusb", time_limit_ms=2000)
-        user = seed_user(conn, "alice")
-        cred = add_worker(conn, "prod-1", "production", slots=2)
-    testdata = write_testdata(tmp_path / "testdata", problem, APLUSB_TESTS).parent
+    seeded = problem_site(db, tmp_path, worker_id="prod-1", kind="production", slots=2, time_limit_ms=2000)
+    cred = seeded.cred
 
     def submit(source):
         with db.connect() as conn:
-            return leases.submit(conn, user, problem, "python3", source)
+            return leases.submit(conn, seeded.user, seeded.problem, "python3", source)
 
     def rows(sql, *args):
         with db.connect() as conn:
             return conn.execute(sql, args).fetchall()
 
     def start_worker(arbiter, **extra):
-        return workers("prod-1", "production", "arbiter", testdata, arbiter_urls=[arbiter.url], credential=cred,
-                       slots=2, **{**WORKER_FAST, **extra}).start()
+        return workers("prod-1", "production", "arbiter", seeded.testdata, arbiter_urls=[arbiter.url],
+                       credential=cred, slots=2, **{**WORKER_FAST, **extra}).start()
 
     return dict(db=db, arbiters=arbiters, cred=cred, submit=submit, rows=rows, start_worker=start_worker)
 

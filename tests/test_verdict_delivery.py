@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arbiter import leases
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
+from procs import doubling_tests, problem_site, wait_for
 from worker import detail_budget
 
 WORKER = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
@@ -30,16 +29,11 @@ RIGHT = "a, b = map(int, input().split())\nprint(a + b)\n"
 
 
 def site(db, tmp_path):
-    with db.connect() as conn:
-        problem = seed_problem(conn, "many", time_limit_ms=2000)
-        user = seed_user(conn, "alice")
-        cred = add_worker(conn, "home-1")
-    testdata = write_testdata(tmp_path / "testdata", problem, [(f"{i} {i}\n", f"{2 * i}\n")
-                                                                for i in range(1, TESTS + 1)]).parent
+    seeded = problem_site(db, tmp_path, "many", doubling_tests(TESTS), time_limit_ms=2000)
 
     def submit(source):
         with db.connect() as conn:
-            return leases.submit(conn, user, problem, "python3", source)
+            return leases.submit(conn, seeded.user, seeded.problem, "python3", source)
 
     def judging(sid):
         with db.connect() as conn:
@@ -47,7 +41,7 @@ def site(db, tmp_path):
                                 "LEFT JOIN submission_judgings j ON j.submission_id = s.id WHERE s.id = %s",
                                 (sid,)).fetchone()
 
-    return cred, testdata, submit, judging
+    return seeded.cred, seeded.testdata, submit, judging
 
 
 def test_a_detail_over_the_body_limit_is_dropped_and_the_verdict_delivered(db, arbiters, workers, tmp_path):

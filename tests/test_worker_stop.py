@@ -17,9 +17,7 @@ import pytest
 
 from arbiter import leases
 from faultproxy import FaultProxy
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
-from programs import APLUSB_TESTS
+from procs import problem_site, wait_for
 
 WORKER = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 5.0, "backoff_initial_secs": 0.2,
           "backoff_max_secs": 2.0}
@@ -37,25 +35,21 @@ def slot_counts():
 
 @pytest.fixture
 def site(db, arbiters, workers, tmp_path):
-    with db.connect() as conn:
-        problem = seed_problem(conn, "aplusb", time_limit_ms=2000)
-        user = seed_user(conn, "alice")
-        cred = add_worker(conn, "prod-1", "production", slots=2)
-    testdata = write_testdata(tmp_path / "testdata", problem, APLUSB_TESTS).parent
+    seeded = problem_site(db, tmp_path, worker_id="prod-1", kind="production", slots=2, time_limit_ms=2000)
     arbiter = arbiters.start(db.dsn)
     proxy = FaultProxy(arbiter.port)
 
     def submit(count):
         with db.connect() as conn:
-            return [leases.submit(conn, user, problem, "python3", SLOW_APLUSB) for _ in range(count)]
+            return [leases.submit(conn, seeded.user, seeded.problem, "python3", SLOW_APLUSB) for _ in range(count)]
 
     def rows(sql, *args):
         with db.connect() as conn:
             return conn.execute(sql, args).fetchall()
 
     def start_worker(slots, env=None):
-        return workers("prod-1", "production", "arbiter", testdata, arbiter_urls=[proxy.url], credential=cred,
-                       slots=slots, env=env, **WORKER).start()
+        return workers("prod-1", "production", "arbiter", seeded.testdata, arbiter_urls=[proxy.url],
+                       credential=seeded.cred, slots=slots, env=env, **WORKER).start()
 
     yield dict(arbiter=arbiter, proxy=proxy, submit=submit, rows=rows, start_worker=start_worker)
     proxy.close()
