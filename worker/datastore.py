@@ -165,6 +165,11 @@ class DataStore:
             except Unreachable as exc:
                 raise DataUnavailable(f"test file {entry['path']}: {exc} ({have} of {entry['size']} bytes kept "
                                       "to resume)") from None
+            if have < entry["size"]:
+                # The stream ended early without an error (http.client's read(n) returns b"" when the
+                # server dies mid-body): a cut like any other, and what arrived is kept.
+                raise DataUnavailable(f"test file {entry['path']}: the stream ended early ({have} of "
+                                      f"{entry['size']} bytes kept to resume)")
         if have != entry["size"] or h.hexdigest() != entry["sha256"]:
             part.unlink(missing_ok=True)  # never kept: the next try starts afresh
             raise DataUnavailable(f"test file {entry['path']} does not verify ({have} bytes; sha256 "
