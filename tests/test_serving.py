@@ -106,16 +106,41 @@ def test_stalled_clients_hold_no_thread_and_a_lease_stays_alive(site, arbiters):
         s.close()
 
 
+def where_requests_went(arbiter, sockets: list[socket.socket]) -> str:
+    """For a failure message: how many are parked, what the arbiter counted, and what each socket got
+    (still waiting, an answer with its status, or closed by the server)."""
+    fates: dict[str, int] = {}
+    for s in sockets:
+        try:
+            data = s.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            fate = f"answered {data.split(b' ', 2)[1].decode()}" if data else "closed by the server"
+        except BlockingIOError:
+            fate = "waiting"
+        except OSError as exc:
+            fate = f"error {exc.errno}"
+        fates[fate] = fates.get(fate, 0) + 1
+    _, text = arbiter.get("/metrics")
+    counted = [line for line in (text or "").splitlines()
+               if line.startswith(("arbiter_slow_clients_closed_total", "arbiter_parked_requests"))
+               or line.startswith("arbiter_requests_total") and "acquire" in line]
+    return f"readyz {arbiter.get('/readyz')[1]}; sockets {fates}; metrics {counted}"
+
+
 def test_a_thousand_parked_acquires_hold_no_thread(site, arbiters):
     """1,000 long-polls (250 workers, 4 each: the per-worker share) park with default capacity;
     meanwhile heartbeats are answered and the worker process's thread count does not grow."""
     db, holder = site
-    a = arbiters.start(db.dsn, long_poll_max_secs=60.0, db_threads=DB_THREADS)
+    # Leases that outlast the parking: the holder's lease, unconfirmed for 2 s and 4 s long with the
+    # test defaults, once expired while the 1,000 were still parking on a busy CI machine and went to
+    # one of them, so that 1,000 were never parked at once (CI: 1 run of 4 beside the cutover).
+    a = arbiters.start(db.dsn, long_poll_max_secs=60.0, db_threads=DB_THREADS, unconfirmed_secs=120.0,
+                       lease_secs=120.0)
     with db.connect() as conn:
         (sid,) = seed_submissions(conn, 1)
         creds = [add_worker(conn, f"many-{i}") for i in range(250)]
     c = ArbiterClient([a.url], holder, timeout=5)
     lease = c.acquire("mine", None, 5).body
+    assert c.heartbeat(sid, lease["lease_token"]).status == 200  # confirmed at once, as a worker does
     (pid,) = a.worker_pids()
     threads_before = threads_of(pid)
     parked = []
@@ -124,7 +149,10 @@ def test_a_thousand_parked_acquires_hold_no_thread(site, arbiters):
             s = connect(a)
             s.sendall(request_bytes("/v1/acquire", {"request_id": str(uuid.uuid4()), "wait_secs": 60}, cred))
             parked.append(s)
-    wait_for(lambda: a.get("/readyz")[1]["parked"] == 1000, 60, what="1,000 parked requests")
+    try:
+        wait_for(lambda: a.get("/readyz")[1]["parked"] == 1000, 60, what="1,000 parked requests")
+    except AssertionError as exc:  # say where they went (answered, closed, still waiting)
+        raise AssertionError(f"{exc}: {where_requests_went(a, parked)}") from None
     for _ in range(20):
         assert c.heartbeat(sid, lease["lease_token"]).status == 200
     assert threads_of(pid) <= threads_before + MAX_NEW_THREADS, (threads_before, threads_of(pid))
