@@ -69,10 +69,12 @@ def judged_once_each(site, w, sids) -> None:
     assert not w.outbox_files()
 
 
-def judging(site, slots):
+def judging(site, w, slots):
+    """Every slot judging: its lease taken (the database) and past the stop check, running the program
+    (its "judging" line). A lease that is only taken when the stop comes is handed back, rightly."""
     sids = site["submit"](slots)
-    wait_for(lambda: site["rows"]("SELECT count(*) FROM submissions WHERE status = 'judging'") == [(slots,)], 30,
-             what="every slot judging")
+    wait_for(lambda: site["rows"]("SELECT count(*) FROM submissions WHERE status = 'judging'") == [(slots,)]
+             and w.log_text().count('"event": "judging"') == slots, 30, what="every slot judging")
     return sids
 
 
@@ -97,7 +99,7 @@ def test_sigterm_while_an_acquire_is_on_its_way(site, slots):
 @pytest.mark.parametrize("slots", slot_counts())
 def test_sigterm_while_judging(site, slots):
     w = site["start_worker"](slots)
-    sids = judging(site, slots)
+    sids = judging(site, w, slots)
     w.proc.send_signal(signal.SIGTERM)
     stops_cleanly(w)
     judged_once_each(site, w, sids)
@@ -138,7 +140,7 @@ def test_a_sigterm_the_kernel_hands_to_a_slot_thread_stops_the_worker(site, slot
     """Every thread but the main one gets the SIGTERM (as the kernel may choose for a process-directed
     signal); none goes to the main thread, whose join a Python handler would have needed to interrupt."""
     w = site["start_worker"](slots)
-    sids = judging(site, slots)
+    sids = judging(site, w, slots)
     pid = w.proc.pid
     others = [int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid]
     assert len(others) >= slots, others  # the slots' threads (and their heartbeats)
