@@ -145,15 +145,14 @@ class SourceRefused(ValueError):
 
 
 def check_source(source: str) -> None:
-    size = len(source.encode("utf-8", errors="surrogatepass"))
+    try:
+        size = len(source.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        raise SourceRefused("the source is not valid UTF-8 text") from None
     if size > MAX_SOURCE_BYTES:
         raise SourceRefused(f"the source is {size} bytes; the limit is {MAX_SOURCE_BYTES} bytes")
     if "\x00" in source:
         raise SourceRefused("the source contains a NUL byte, which cannot be stored")
-    try:
-        source.encode("utf-8")
-    except UnicodeEncodeError:
-        raise SourceRefused("the source is not valid UTF-8 text") from None
 
 
 def submit(conn: psycopg.Connection, user_id: int, problem_id: int, language: str, source: str) -> int:

@@ -151,25 +151,23 @@ class DataStore:
                 with open(part, "rb") as f:
                     for chunk in iter(lambda: f.read(1 << 20), b""):
                         h.update(chunk)
-        with open(part, "ab"):
-            pass  # an empty file has no chunk to write, but is a file all the same
-        if have < entry["size"]:
-            try:
-                with open(part, "ab") as out:
+        try:
+            with open(part, "ab") as out:  # made here even for an empty file, which has no chunk to write
+                if have < entry["size"]:
                     for chunk in self.client.download(f"/v1/blobs/{entry['sha256']}", have, READ_BYTES):
                         out.write(chunk)
                         h.update(chunk)
                         have += len(chunk)
                         if have > entry["size"]:
                             break
-            except Unreachable as exc:
-                raise DataUnavailable(f"test file {entry['path']}: {exc} ({have} of {entry['size']} bytes kept "
-                                      "to resume)") from None
-            if have < entry["size"]:
-                # The stream ended early without an error (http.client's read(n) returns b"" when the
-                # server dies mid-body): a cut like any other, and what arrived is kept.
-                raise DataUnavailable(f"test file {entry['path']}: the stream ended early ({have} of "
-                                      f"{entry['size']} bytes kept to resume)")
+        except Unreachable as exc:
+            raise DataUnavailable(f"test file {entry['path']}: {exc} ({have} of {entry['size']} bytes kept "
+                                  "to resume)") from None
+        if have < entry["size"]:
+            # The stream ended early without an error (http.client's read(n) returns b"" when the
+            # server dies mid-body): a cut like any other, and what arrived is kept.
+            raise DataUnavailable(f"test file {entry['path']}: the stream ended early ({have} of "
+                                  f"{entry['size']} bytes kept to resume)")
         if have != entry["size"] or h.hexdigest() != entry["sha256"]:
             part.unlink(missing_ok=True)  # never kept: the next try starts afresh
             raise DataUnavailable(f"test file {entry['path']} does not verify ({have} bytes; sha256 "

@@ -25,12 +25,15 @@ def after_outbox_write() -> None:
 
 def after_assignment(stopping) -> None:
     if "term_after_assignment" in ACTIVE:
-        os.kill(os.getpid(), signal.SIGTERM)
-        stopping.wait(10)  # the main thread takes the signal; the stop has landed when this returns
+        _term_and_wait(stopping)
 
 
 def between_acquires(stopping) -> None:
     if "term_between_acquires" in ACTIVE:
         log.info("fault: SIGTERM between two acquires")
-        os.kill(os.getpid(), signal.SIGTERM)
-        stopping.wait(10)
+        _term_and_wait(stopping)
+
+
+def _term_and_wait(stopping) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    stopping.wait(10)  # the main thread takes the signal; the stop has landed when this returns

@@ -120,16 +120,14 @@ class Worker:
         rewritten so first (a crash keeps the shrunk one), then sent again at once. A verdict is never
         dropped for its detail's size."""
         outcome = self._transport_for(entry).deliver(entry)
-        if outcome == "too_large":
-            if "detail_dropped" in entry.detail:  # already minimal: the limit is misconfigured
-                return "reject:HTTP 413 even with a minimal detail", entry
+        if outcome == "too_large" and "detail_dropped" not in entry.detail:
             entry = entry.with_minimal_detail("the arbiter refused the full detail as too large (HTTP 413)")
             self.outbox.rewrite(path, entry)
             log.warning("result over the arbiter's body limit; sending it without its detail",
                         extra={"submission_id": entry.submission_id, "verdict": entry.verdict})
             outcome = self._transport_for(entry).deliver(entry)
-            if outcome == "too_large":
-                return "reject:HTTP 413 even with a minimal detail", entry
+        if outcome == "too_large":  # even without its detail: the limit is misconfigured
+            return "reject:HTTP 413 even with a minimal detail", entry
         if outcome in ("delivered", "gone"):
             log.info("result delivered" if outcome == "delivered" else "result refused as stale (410)",
                      extra={"submission_id": entry.submission_id, "verdict": entry.verdict,
@@ -156,18 +154,6 @@ class Worker:
                 print(f"{what}: {outcome.removeprefix('reject:')}; left in rejected/", file=out)
                 left += 1
         return 0 if left == 0 else 1
-
-    def list_rejected(self, out=sys.stdout) -> int:
-        """judge-worker --rejected: one line per entry kept in rejected/ (exit 0; 1 when there are any)."""
-        found = self.outbox.rejected()
-        for path, entry in found:
-            if entry is None:
-                print(f"{path.name}: unreadable", file=out)
-            else:
-                print(f"{path.name}: submission {entry.submission_id} {entry.verdict} "
-                      f"(lease gen {entry.lease_gen}, via {entry.transport})", file=out)
-        print(f"{len(found)} rejected result(s) in {self.outbox.rejected_dir}", file=out)
-        return 1 if found else 0
 
     # -- the slots ------------------------------------------------------------------
     def stop(self) -> None:
@@ -207,6 +193,20 @@ class Worker:
         return 0
 
 
+def list_rejected(outbox: Outbox, out=sys.stdout) -> int:
+    """judge-worker --rejected: one line per entry kept in rejected/ (exit 0; 1 when there are any).
+    Reads the outbox only: no slot, sandbox or transport is made for it."""
+    found = outbox.rejected()
+    for path, entry in found:
+        if entry is None:
+            print(f"{path.name}: unreadable", file=out)
+        else:
+            print(f"{path.name}: submission {entry.submission_id} {entry.verdict} "
+                  f"(lease gen {entry.lease_gen}, via {entry.transport})", file=out)
+    print(f"{len(found)} rejected result(s) in {outbox.rejected_dir}", file=out)
+    return 1 if found else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="judge-worker", description="Judge worker daemon")
     parser.add_argument("--config", required=True, help="TOML config file")
@@ -221,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_mod.load(args.config)
         for directory in (cfg.outbox_dir, cfg.work_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        worker = Worker(cfg)
         if args.rejected:
-            return worker.list_rejected()
+            return list_rejected(Outbox(cfg.outbox_dir))
+        worker = Worker(cfg)
         if args.resend_rejected:
             return worker.resend_rejected()
         if args.check_config:

@@ -51,6 +51,14 @@ class Entry:
         return payload
 
 
+def _read_entry(path: Path) -> Entry:
+    """An entry read back from its file; ValueError, TypeError or UnicodeDecodeError if it cannot be."""
+    entry = Entry(**json.loads(path.read_text(encoding="utf-8")))
+    if not isinstance(entry.submission_id, int) or not isinstance(entry.verdict, str):
+        raise ValueError("bad field types")
+    return entry
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -101,10 +109,7 @@ class Outbox:
         entries = []
         for path in sorted(self.directory.glob("*.json")):
             try:
-                raw = json.loads(path.read_text(encoding="utf-8"))
-                entry = Entry(**raw)
-                if not isinstance(entry.submission_id, int) or not isinstance(entry.verdict, str):
-                    raise ValueError("bad field types")
+                entry = _read_entry(path)
             except (ValueError, TypeError, UnicodeDecodeError) as exc:
                 self._move(path, self.corrupt_dir)
                 log.error("corrupt outbox file moved aside", extra={"file": path.name, "error": str(exc)[:200]})
@@ -124,7 +129,7 @@ class Outbox:
         found = []
         for path in sorted(self.rejected_dir.glob("*.json")) if self.rejected_dir.is_dir() else []:
             try:
-                found.append((path, Entry(**json.loads(path.read_text(encoding="utf-8")))))
+                found.append((path, _read_entry(path)))
             except (ValueError, TypeError, UnicodeDecodeError):
                 found.append((path, None))
         return found
