@@ -12,6 +12,11 @@ holds a legacy (baseline) site: the cutover starts from a running legacy judge.
     python ansible/lab/netlab.py up   --dir /tmp/judge-netlab     # prints export JUDGE_LAB_DIR=...
     python ansible/lab/netlab.py down --dir /tmp/judge-netlab     # kills everything, removes it all
 
+One lab per machine (its addresses are the lab inventory's). ``up`` finds a lab already there and
+tells a stale one from one in use: a lab whose namespaces hold no process (its machine restarted)
+or whose owner has died (``--owner-pid``: a test run killed before its tear-down) is taken down
+first; a lab in use is waited for (``--wait`` seconds), then refused with its owner named.
+
 Needs root, iproute2, openssh-server, util-linux (unshare) and PostgreSQL's server binaries.
 Run it with the project's virtualenv (it applies the baseline migration with arbiter.migrations).
 """
@@ -19,6 +24,7 @@ Run it with the project's virtualenv (it applies the baseline migration with arb
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import pwd
@@ -32,6 +38,7 @@ from pathlib import Path
 
 BRIDGE = "jlab0"
 SUBNET = "10.231.0"
+LOCK = Path("/run/judge-netlab.lock")  # held while a lab comes up: two 'up's never interleave
 HOSTS = {"db-1": 10, "arbiter-1": 20, "home-1": 31, "home-2": 32, "prod-1": 41}
 WORKERS = ("home-1", "home-2", "prod-1")
 OVERLAID = ("etc", "opt", "var", "run")
@@ -43,6 +50,60 @@ PROBLEMS = {  # slug: test cases; the lab's site has these problems before the c
 
 class LabError(RuntimeError):
     pass
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of a process (field 22 of /proc/PID/stat): a pid with its start time
+    names one process, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _lab_namespaces() -> list[str]:
+    return [name for name in sh("ip", "netns", "list", check=False).stdout.split() if name.startswith("jlab-")]
+
+
+def existing_lab() -> dict | None:
+    """The lab up on this machine, if any: what its bridge says of it (dir, owner) and whether it is
+    stale, i.e. nobody uses it any more."""
+    shown = sh("ip", "-j", "link", "show", BRIDGE, check=False)
+    if shown.returncode != 0:
+        return None
+    try:
+        found = json.loads(json.loads(shown.stdout)[0].get("ifalias") or "{}")
+    except ValueError:
+        found = {}
+    processes = sum(len(sh("ip", "netns", "pids", ns, check=False).stdout.split()) for ns in _lab_namespaces())
+    owner = found.get("owner")
+    owner_gone = owner is not None and _process_start(owner) != found.get("owner_start")
+    found.update(processes=processes, stale=processes == 0 or owner_gone,
+                 why=("its namespaces hold no process" if processes == 0 else
+                      f"its owner (pid {owner}) is gone" if owner_gone else ""))
+    return found
+
+
+def clear_the_way(wait: float) -> None:
+    """Before a lab comes up: take a stale lab down; wait up to ``wait`` seconds for one in use."""
+    deadline = time.monotonic() + wait
+    announced = False
+    while (found := existing_lab()) is not None:
+        if found["stale"]:
+            print(f"netlab: taking down a stale lab ({found.get('dir', 'directory unknown')}): {found['why']}",
+                  file=sys.stderr)
+            Lab(Path(found["dir"]) if found.get("dir") else None).down(remove=bool(found.get("dir")))
+            continue
+        owner = f"owner pid {found['owner']}" if found.get("owner") else "no owner recorded"
+        in_use = f"a lab is up and in use ({owner}, {found.get('dir', 'directory unknown')}, " \
+                 f"{found['processes']} processes)"
+        if time.monotonic() >= deadline:
+            raise LabError(f"{in_use}; 'down' it first")
+        if not announced:
+            print(f"netlab: {in_use}; waiting up to {wait:.0f} s for it to go down", file=sys.stderr)
+            announced = True
+        time.sleep(2)
 
 
 def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -61,14 +122,21 @@ def address(host: str) -> str:
 
 
 class Lab:
-    def __init__(self, base: Path):
-        self.base = base.resolve()
-        self.ssh = self.base / "ssh"
-        self.pg = self.base / "pg"
+    def __init__(self, base: Path | None):
+        # None: a stale lab whose directory is not known (one brought up before labs recorded it).
+        self.base = base.resolve() if base is not None else None
+        self.ssh = self.base / "ssh" if base is not None else None
+        self.pg = self.base / "pg" if base is not None else None
+        self.owner_pid: int | None = None
 
     # -- network -------------------------------------------------------------------
     def _network(self) -> None:
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        # The bridge carries who brought the lab up, so that the next 'up' can tell a stale lab.
+        record = {"dir": str(self.base)}
+        if self.owner_pid is not None:
+            record.update(owner=self.owner_pid, owner_start=_process_start(self.owner_pid))
+        sh("ip", "link", "set", "dev", BRIDGE, "alias", json.dumps(record, separators=(",", ":")))
         sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
         sh("ip", "link", "set", BRIDGE, "up")
         for host in HOSTS:
@@ -198,15 +266,22 @@ class Lab:
            env=dict(os.environ, PYTHON=sys.executable), timeout=600)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def up(self) -> dict:
+    def up(self, owner_pid: int | None = None, wait: float = 0) -> dict:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, mounts)")
+        if owner_pid is not None and _process_start(owner_pid) is None:
+            raise LabError(f"--owner-pid {owner_pid}: no such process")
         if self.base.exists() and any(self.base.iterdir()):
             raise LabError(f"{self.base} is not empty; 'down' it first")
+        self.owner_pid = owner_pid
+        with open(LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            clear_the_way(wait)
+            return self._bring_up()
+
+    def _bring_up(self) -> dict:
         self.base.mkdir(parents=True, exist_ok=True)
         self.base.chmod(0o755)  # the postgres OS user reaches its socket below this directory
-        if sh("ip", "link", "show", BRIDGE, check=False).returncode == 0:
-            raise LabError(f"a lab is already up (bridge {BRIDGE} exists); 'down' it first")
         repo = Path(__file__).resolve().parents[2]
         try:
             self._network()
@@ -230,8 +305,7 @@ class Lab:
     def down(self, remove: bool = True) -> None:
         """Everything the lab started dies with its namespaces; nothing keeps running."""
         # Every jlab-* namespace, not only today's HOSTS: a lab left by another version goes too.
-        listed = sh("ip", "netns", "list", check=False).stdout.split()
-        for ns in [name for name in listed if name.startswith("jlab-")]:
+        for ns in _lab_namespaces():
             for _ in range(50):
                 pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
                 if not pids:
@@ -245,7 +319,8 @@ class Lab:
             sh("ip", "netns", "del", ns, check=False)
         sh("ip", "link", "del", BRIDGE, check=False)
         # The controller's side: SSH connection masters (ControlPersist) of Ansible and testinfra.
-        sh("pkill", "-f", f"{self.ssh}/", check=False)
+        if self.ssh is not None:
+            sh("pkill", "-f", f"{self.ssh}/", check=False)
         # A namespace goes away asynchronously once its last process is reaped; so do its veths.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -257,7 +332,7 @@ class Lab:
             for name in leftover:
                 sh("ip", "link", "del", name, check=False)
             time.sleep(0.2)
-        if remove:
+        if remove and self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -265,11 +340,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netlab", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down"])
     parser.add_argument("--dir", default="/tmp/judge-netlab", help="the lab's directory (default %(default)s)")
+    parser.add_argument("--owner-pid", type=int, help="up: the process the lab is for; once it is gone, "
+                        "the next 'up' takes this lab down as stale (default: none; stale only when no "
+                        "process is left in its namespaces)")
+    parser.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                        help="up: how long to wait for a lab in use to go down (default %(default)s)")
     args = parser.parse_args(argv)
     lab = Lab(Path(args.dir))
     try:
         if args.command == "up":
-            info = lab.up()
+            info = lab.up(owner_pid=args.owner_pid, wait=args.wait)
             print(json.dumps(info, indent=2))
             print(f"export JUDGE_LAB_DIR={lab.base}")
         else:

@@ -141,7 +141,10 @@ class Flow(threading.Thread):
 def lab():
     base = Path(tempfile.mkdtemp(prefix="judge-netlab-", dir="/tmp"))
     netlab = [sys.executable, str(ANSIBLE / "lab" / "netlab.py")]
-    up = subprocess.run([*netlab, "up", "--dir", str(base)], capture_output=True, text=True, timeout=900)
+    # The lab is ours while this process lives: killed before the tear-down, the next run takes it down.
+    # Another run's lab in use is waited for (one lab per machine), about as long as a whole cutover run.
+    up = subprocess.run([*netlab, "up", "--dir", str(base), "--owner-pid", str(os.getpid()), "--wait", "1500"],
+                        capture_output=True, text=True, timeout=900 + 1500)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield Lab(base)
