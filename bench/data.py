@@ -24,17 +24,20 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from arbiter import credentials, devcluster, migrations, serving  # noqa: E402
 from sections import markers, write_section  # noqa: E402
-from worker import testdata  # noqa: E402
+
+from arbiter.lab import devcluster
+from arbiter.protocol import testdata  # noqa: E402
+from arbiter.server import serving
+from arbiter.store import credentials, migrations  # noqa: E402
 
 BEGIN, END = markers("data.py")
 FETCH = """
 import resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from worker.datastore import DataStore
-from worker.http_client import ArbiterClient
+from worker.judging.datastore import DataStore
+from worker.delivery.http_client import ArbiterClient
 store = DataStore(Path(sys.argv[2]), ArbiterClient([sys.argv[3]], sys.argv[4], timeout=60))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.monotonic()
@@ -86,12 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         size = big.stat().st_size
         digest = testdata.directory_digest(data)
 
-        store_secs = timed([sys.executable, "-m", "arbiter.ctl", "--dsn", dsn, "problem", "data", "big", str(data)])
+        store_secs = timed([sys.executable, "-m", "arbiter.ctl.main", "--dsn", dsn, "problem", "data", "big", str(data)])
         port = devcluster.free_port()
         conf = work / "arbiter.toml"
         conf.write_text(f'dsn = "{dsn}"\nbind = "127.0.0.1:{port}"\n')
         log = open(work / "arbiter.log", "ab")
-        arbiter = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "gunicorn.conf.py"),
+        arbiter = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "server" / "gunicorn.conf.py"),
                                     serving.APP], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         import urllib.request

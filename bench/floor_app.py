@@ -14,7 +14,7 @@ import os
 
 from uvicorn_worker import UvicornWorker
 
-from arbiter.serving import ArbiterWorker
+from arbiter.server.serving import ArbiterWorker
 
 DSN = os.environ.get("BENCH_FLOOR_DSN")
 ROW = int(os.environ.get("BENCH_FLOOR_ROW", "0"))
@@ -23,7 +23,7 @@ BODY = json.dumps({"ok": True, "lease_token": "x" * 43, "submission_id": 1}).enc
 
 
 class FloorWorker(UvicornWorker):
-    """The arbiter's own uvicorn settings (arbiter/serving.py), with uvicorn's plain httptools protocol
+    """The arbiter's own uvicorn settings (arbiter/server/serving.py), with uvicorn's plain httptools protocol
     (the arbiter's adds header deadlines that read the arbiter's settings)."""
 
     CONFIG_KWARGS = {**ArbiterWorker.CONFIG_KWARGS, "http": "httptools"}

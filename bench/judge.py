@@ -26,9 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
-from worker import cgroups  # noqa: E402
-from worker.judge import Job, Judge  # noqa: E402
-from worker.sandbox import Limits, Sandbox  # noqa: E402
+
+from worker.judging.judge import Job, Judge  # noqa: E402
+from worker.sandbox import cgroups  # noqa: E402
+from worker.sandbox.runner import Limits, Sandbox  # noqa: E402
 
 BEGIN, END = markers("judge.py")
 COMMAND = ".venv/bin/python bench/judge.py --write docs/benchmarks.md"
@@ -139,7 +140,7 @@ def main() -> int:
                                  stderr=Path(box.parent / f"{box.name}.err"), limits=limits)
             return (time.perf_counter() - started) * 1000, result
 
-        # A test as the judge runs it: one fork in the submission's box, set up once (worker/box.py).
+        # A test as the judge runs it: one fork in the submission's box, set up once (worker/sandbox/box.py).
         test_box = sandbox.box(box, limits, Path(f"{box}.log"))
 
         def in_box(argv: list[str], stdin=subprocess.DEVNULL):

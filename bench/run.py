@@ -13,7 +13,7 @@ written to docs/benchmarks.md:
     with 0 and 1,000,000 decided submissions of history, next to the old full GROUP BY
 
 Workers here are protocol-level: the real HTTP client against the real arbiter (gunicorn), and the
-real legacy claim (worker/transport_direct.py) and report (sql/legacy.sql) against the database.
+real legacy claim (worker/delivery/transport_direct.py) and report (sql/legacy.sql) against the database.
 """
 
 from __future__ import annotations
@@ -38,13 +38,16 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from arbiter import credentials, devcluster, migrations, serving  # noqa: E402
-from arbiter.sqlfiles import Statements  # noqa: E402
 from sections import SECTION_SCRIPTS, section  # noqa: E402  (bench/ is the script's directory)
+
+from arbiter.lab import devcluster
+from arbiter.server import serving
+from arbiter.store import credentials, migrations  # noqa: E402
+from arbiter.store.sqlfiles import Statements  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
-from worker.http_client import ArbiterClient, Unreachable  # noqa: E402
-from worker.outbox import Entry  # noqa: E402
-from worker.transport_direct import DirectTransport  # noqa: E402
+from worker.delivery.http_client import ArbiterClient, Unreachable  # noqa: E402
+from worker.delivery.outbox import Entry  # noqa: E402
+from worker.delivery.transport_direct import DirectTransport  # noqa: E402
 
 OPS = Statements("operator.sql")
 SOURCE = "print(1)\n"
@@ -125,7 +128,7 @@ class Arbiter:
         conf = workdir / "arbiter.toml"
         conf.write_text(f'dsn = "{site.dsn}"\nbind = "127.0.0.1:{self.port}"\nmax_parked = 160\n')
         self.log = open(workdir / "arbiter.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "gunicorn.conf.py"),
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "server" / "gunicorn.conf.py"),
                                       serving.APP], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         deadline = time.monotonic() + 30
@@ -312,7 +315,7 @@ if kind == "legacy":
     conn = psycopg.connect(dsn_or_url)
     conn.execute("SELECT rr_last_home FROM judge_dispatch_state WHERE id = 1 FOR UPDATE")
 else:
-    from worker.http_client import ArbiterClient
+    from worker.delivery.http_client import ArbiterClient
     reply = ArbiterClient([dsn_or_url], credential).acquire("victim", None, 10)
     assert reply.status == 200, reply.status
 print("holding", flush=True)
@@ -378,7 +381,7 @@ def operator_endpoints(cluster, work: Path, history: int, samples: int) -> dict:
 
     from psycopg.rows import dict_row
 
-    from arbiter import status
+    from arbiter.store import status
 
     site = Site(cluster, f"bench_history_{history}", "stage4")
     with site.conn.transaction():

@@ -40,9 +40,12 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from arbiter import credentials, devcluster, migrations, serving  # noqa: E402
-from arbiter.sqlfiles import Statements  # noqa: E402
 from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
+
+from arbiter.lab import devcluster
+from arbiter.server import serving
+from arbiter.store import credentials, migrations  # noqa: E402
+from arbiter.store.sqlfiles import Statements  # noqa: E402
 
 OPS = Statements("operator.sql")
 BEGIN, END = markers("scale.py")
@@ -150,7 +153,7 @@ class Arbiter(GunicornServer):
         conf = workdir / f"arbiter-{self.port}.toml"
         conf.write_text(f'dsn = "{site.dsn}"\nbind = "127.0.0.1:{self.port}"\n')
         self.log = open(workdir / "arbiter.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "gunicorn.conf.py"),
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "arbiter" / "server" / "gunicorn.conf.py"),
                                       serving.APP], env=dict(os.environ, JUDGE_ARBITER_CONFIG=str(conf)),
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
 

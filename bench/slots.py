@@ -25,8 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
+
 from worker.config import slot_cpus_for  # noqa: E402
-from worker.sandbox import Limits, Sandbox  # noqa: E402
+from worker.sandbox.runner import Limits, Sandbox  # noqa: E402
 
 BEGIN, END = markers("slots.py")
 COMMAND = ".venv/bin/python bench/slots.py --write docs/benchmarks.md"

@@ -1,4 +1,4 @@
--- Statements of the local lab (judge-lab, arbiter/lab.py): its progress and its summary. Setup goes
+-- Statements of the local lab (judge-lab, arbiter/lab/run.py): its progress and its summary. Setup goes
 -- through judgectl's own statements (operator.sql).
 
 -- name: progress_by_status

@@ -17,7 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from arbiter import devcluster, migrations
+from arbiter.lab import devcluster
+from arbiter.store import migrations
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

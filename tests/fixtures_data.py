@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from arbiter import leases
+from arbiter.store import leases
 
 
 def seed_problem(conn: psycopg.Connection, slug: str = "aplusb", xp_reward: int = 10,

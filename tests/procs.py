@@ -14,12 +14,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from arbiter import credentials, serving
-from arbiter.devcluster import free_port
+from arbiter.lab.devcluster import free_port
+from arbiter.server import serving
+from arbiter.store import credentials
 
-import arbiter as _arbiter_pkg
-
-GUNICORN_CONF = Path(_arbiter_pkg.__file__).with_name("gunicorn.conf.py")
+GUNICORN_CONF = Path(serving.__file__).with_name("gunicorn.conf.py")
 
 FAST = {  # short lease times so fault tests run in seconds, not minutes
     "unconfirmed_secs": 2.0,
@@ -186,7 +185,7 @@ def write_testdata(root: Path, problem_id: int, cases: list[tuple[str, str]]) ->
 def direct_transport(dsn: str, worker_id: str, kind: str, tmp_path: Path):
     """A legacy worker's transport in this process: its claim() is the legacy scheme's claim."""
     from worker.config import SandboxConfig, WorkerConfig
-    from worker.transport_direct import DirectTransport
+    from worker.delivery.transport_direct import DirectTransport
 
     return DirectTransport(WorkerConfig(worker_id=worker_id, kind=kind, transport="direct", outbox_dir=tmp_path / "o",
                                         testdata_dir=tmp_path, work_dir=tmp_path / "w", dsn=dsn,

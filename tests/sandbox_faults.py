@@ -14,8 +14,8 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from worker import cgroups
-from worker.sandbox import Sandbox
+from worker.sandbox import cgroups
+from worker.sandbox.runner import Sandbox
 
 
 @dataclass(frozen=True)

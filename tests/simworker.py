@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 
-from worker.http_client import ArbiterClient, Unreachable
+from worker.delivery.http_client import ArbiterClient, Unreachable
 
 
 class SimWorker(threading.Thread):

@@ -11,10 +11,10 @@ import time
 import uuid
 
 import pytest
-
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
-from worker.http_client import ArbiterClient
+
+from worker.delivery.http_client import ArbiterClient
 
 
 @pytest.fixture
@@ -403,7 +403,7 @@ def test_readyz_and_metrics(world):
 
 
 def test_openapi_document_matches_the_routes(world):
-    from arbiter.app import ROUTES
+    from arbiter.server.http.app import ROUTES
 
     db, arbiters, creds = world
     a = arbiters.start(db.dsn)

@@ -1,4 +1,4 @@
-"""A submission's box (worker/box.py, launcher.c --box): set up once, each test one fork inside it.
+"""A submission's box (worker/sandbox/box.py, launcher.c --box): set up once, each test one fork inside it.
 
 What the box must keep from a one-off run: nothing of one test reaches the next (files, processes,
 IPC objects), each test's CPU time and memory are its own, and a box that fails is never a verdict.
@@ -13,10 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from procs import sandbox_work_dir
-from worker.box import TRANSITIONS, BoxState, BoxStateError, next_state
-from worker.sandbox import Limits, Sandbox, SandboxFailure
+
+from worker.sandbox.box import TRANSITIONS, BoxState, BoxStateError, next_state
+from worker.sandbox.runner import Limits, Sandbox, SandboxFailure
 
 SANDBOX_UID = 65534
 LIMITS = Limits(cpu_ms=2000, wall_ms=4000, memory_kb=131072)

@@ -8,11 +8,11 @@ import time
 
 import psycopg
 import pytest
-
-from arbiter import canary, leases, status
 from fixtures_data import seed_problem, seed_submissions, seed_user
 from procs import WorkerProcess, add_worker, aplusb_site, direct_transport, wait_for
-from worker.http_client import ArbiterClient
+
+from arbiter.store import canary, leases, status
+from worker.delivery.http_client import ArbiterClient
 
 # Worker timings that fit the test arbiters' (procs.FAST: long polls of 5 s at most).
 WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
@@ -20,7 +20,7 @@ WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_i
 
 
 def judgectl(db, *args):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -147,7 +147,7 @@ def test_canaries_change_no_xp_no_first_pass_and_no_user_facing_count(db, transp
                 leases.record_result(conn, worker_id="home-1", submission_id=sid, lease_token=lease.lease_token,
                                      verdict="AC", time_ms=1, memory_kb=1, detail={})
             else:
-                from arbiter.sqlfiles import Statements
+                from arbiter.store.sqlfiles import Statements
 
                 L = Statements("legacy.sql")
                 conn.execute("UPDATE submissions SET status = 'judging', worker_id = 'home-1' WHERE id = %s", (sid,))
@@ -294,7 +294,7 @@ def test_old_canaries_are_forgotten_but_each_workers_last_stays(db):
     ("canary_keep_secs = 0", "'canary_keep_secs' must be > 0"),
 ])
 def test_bad_canary_settings_are_one_clear_error(tmp_path, line, message):
-    from arbiter.config import ConfigError, load_settings
+    from arbiter.server.config import ConfigError, load_settings
 
     config = tmp_path / "arbiter.toml"
     config.write_text(f'dsn = "postgresql:///x"\n{line}\n')

@@ -14,11 +14,11 @@ import subprocess
 import sys
 
 import pytest
-
 from procs import sandbox_work_dir, write_testdata
-from worker.compare import ComparerError, floats_close, lines_equal, parse_comparer, tokens_equal
-from worker.judge import CannotJudgeHere, Job, Judge
-from worker.sandbox import Sandbox
+
+from arbiter.protocol.compare import ComparerError, floats_close, lines_equal, parse_comparer, tokens_equal
+from worker.judging.judge import CannotJudgeHere, Job, Judge
+from worker.sandbox.runner import Sandbox
 
 AC_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 # A testlib-style checker without testlib: <input> <output> <answer>; the sum is right when it equals
@@ -148,13 +148,14 @@ def test_builtin_comparers_decide_verdicts(judge):
 
 
 def judgectl(db, *args):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=60)
 
 
 def test_judgectl_sets_the_comparer_and_the_checker_digest_and_the_lease_carries_them(db, tmp_path):
-    from arbiter import leases
     from procs import add_worker
+
+    from arbiter.store import leases
 
     source = tmp_path / "checker.cpp"
     source.write_text(CHECKER)

@@ -13,12 +13,12 @@ import time
 import uuid
 
 import pytest
-
-from arbiter import credentials, leases
 from procs import aplusb_site, wait_for
 from programs import PROGRAMS
+
+from arbiter.store import credentials, leases
 from worker.credential_file import CredentialError, CredentialFile
-from worker.http_client import ArbiterClient
+from worker.delivery.http_client import ArbiterClient
 
 FAST = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
         "backoff_max_secs": 2.0}
@@ -26,7 +26,7 @@ CACHE_SECS = 0.5
 
 
 def judgectl(db, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=60, input=stdin)
 
 

@@ -13,13 +13,13 @@ import sys
 import urllib.request
 
 import pytest
-
-from arbiter import leases
 from procs import aplusb_site, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
-from worker import testdata
-from worker.datastore import DataStore, DataUnavailable
-from worker.http_client import ArbiterClient
+
+from arbiter.protocol import testdata
+from arbiter.store import leases
+from worker.delivery.http_client import ArbiterClient
+from worker.judging.datastore import DataStore, DataUnavailable
 
 FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
 # A+B with one more test whose answer the old data gets wrong: judged with the old data this is AC,
@@ -29,7 +29,7 @@ SLY = "a, b = map(int, input().split())\nprint(0 if (a, b) == (7, 7) else a + b)
 
 
 def judgectl(db, *args):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=300)
 
 
@@ -129,7 +129,7 @@ class _Client(ArbiterClient):
         for chunk in super().download(path, offset, read_bytes):
             if self.cut is not None and sent + len(chunk) > self.cut:
                 yield chunk[: self.cut - sent]
-                from worker.http_client import Unreachable
+                from worker.delivery.http_client import Unreachable
 
                 raise Unreachable("connection dropped (test)")
             sent += len(chunk)
@@ -171,8 +171,8 @@ FETCH_RSS = """
 import resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from worker.datastore import DataStore, DataUnavailable
-from worker.http_client import ArbiterClient
+from worker.judging.datastore import DataStore, DataUnavailable
+from worker.delivery.http_client import ArbiterClient
 store = DataStore(Path(sys.argv[2]), ArbiterClient([sys.argv[3]], sys.argv[4], timeout=30))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cuts = []

@@ -5,8 +5,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from arbiter import migrations
-from arbiter.sqlfiles import arbiter_statements, legacy_statements
+from arbiter.store import migrations
+from arbiter.store.sqlfiles import arbiter_statements, legacy_statements
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,11 +11,12 @@ import uuid
 
 import psycopg
 import pytest
-
-from arbiter import devcluster, migrations
-from arbiter.config import ArbiterSettings
 from fixtures_data import seed_problem, seed_submissions
 from procs import FAST, add_worker, request_bytes, wait_for
+
+from arbiter.lab import devcluster
+from arbiter.server.config import ArbiterSettings
+from arbiter.store import migrations
 
 # The arbiter's defaults for everything procs.FAST shortens for the fault tests (the idle cadence
 # included); the standing canary probe stays off, as in every test that does not test it.

@@ -10,13 +10,20 @@ import threading
 import time
 
 import pytest
-
 from procs import sandbox_work_dir, wait_for, write_testdata
-from programs import (APLUSB_TESTS, FORK_BOMB_C, FORK_BOMB_PY, PROGRAMS, escape_writer_py, network_probe_c,
-                      network_probe_py)
+from programs import (
+    APLUSB_TESTS,
+    FORK_BOMB_C,
+    FORK_BOMB_PY,
+    PROGRAMS,
+    escape_writer_py,
+    network_probe_c,
+    network_probe_py,
+)
 from sandbox_faults import PrivateSandbox
-from worker.judge import Job, Judge, tokens_equal
-from worker.sandbox import Sandbox
+
+from worker.judging.judge import Job, Judge, tokens_equal
+from worker.sandbox.runner import Sandbox
 
 SANDBOX_UID = 65534
 
@@ -136,7 +143,7 @@ def test_compiler_cannot_include_host_files(judge):
 
 
 def test_missing_test_data_is_never_a_verdict_but_a_reason_this_worker_cannot_judge_it(judge):
-    from worker.judge import CannotJudgeHere
+    from worker.judging.judge import CannotJudgeHere
 
     with pytest.raises(CannotJudgeHere, match="no .in files"):
         judge.judge(job("python3", PROGRAMS["python3"]["AC"], problem_id=4))
@@ -191,7 +198,7 @@ def test_token_comparison(tmp_path):
 
 def test_the_wall_clock_limit_starts_with_the_program_not_with_the_sandbox(tmp_path):
     """A sandbox slow to set up (a busy machine creating namespaces) costs the program nothing."""
-    from worker.sandbox import Limits
+    from worker.sandbox.runner import Limits
 
     tools, box = sandbox_work_dir(), sandbox_work_dir()  # the sandbox uid runs the wrapper: it must reach it
     try:
@@ -297,7 +304,7 @@ def test_the_program_runs_unprivileged_under_its_limits(tmp_path, pinned):
     cpuset cgroup pins it."""
     import ast
 
-    from worker.sandbox import Limits
+    from worker.sandbox.runner import Limits
 
     box = sandbox_work_dir()
     try:

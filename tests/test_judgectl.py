@@ -3,11 +3,11 @@
 import subprocess
 import sys
 
-from arbiter import credentials, leases
+from arbiter.store import credentials, leases
 
 
 def judgectl(db, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=60, input=stdin)
 
 
@@ -69,13 +69,13 @@ def test_submit_status_rejudge(db, tmp_path):
 
 def test_no_dsn_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("JUDGE_DSN", raising=False)
-    result = subprocess.run([sys.executable, "-m", "arbiter.ctl", "status"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "status"], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr == "judgectl: error: no database given: pass --dsn or set JUDGE_DSN\n"
 
 
 def test_unreachable_database_is_one_clear_error():
-    result = subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", "host=127.0.0.1 port=1 dbname=x",
+    result = subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", "host=127.0.0.1 port=1 dbname=x",
                              "status"], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.startswith("judgectl: error: cannot connect to the database")
@@ -87,7 +87,7 @@ def _role_name(db, suffix: str) -> str:
 
 
 def test_scram_verifier_math_agrees_with_the_server(db):
-    from arbiter import dbroles
+    from arbiter.store import dbroles
 
     role = _role_name(db, "scram")
     with db.connect() as conn:
@@ -119,7 +119,7 @@ def test_dbrole_ensure_and_drop_converge_and_say_what_they_did(db, tmp_path):
         with db.connect() as conn:
             assert conn.execute("SELECT pg_has_role(%s, 'judge_legacy_worker', 'MEMBER')", (role,)).fetchone() == (True,)
             stored = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0]
-        from arbiter import dbroles
+        from arbiter.store import dbroles
 
         assert dbroles.verifier_matches(stored, "pw-two") and "pw-two" not in stored
         empty = judgectl(db, "dbrole", "ensure", role, "--password-file", "-", stdin="\n")

@@ -22,7 +22,7 @@ def lab_dir():
 
 
 def run_lab(lab_dir, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "arbiter.lab", "--dir", str(lab_dir), *args],
+    result = subprocess.run([sys.executable, "-m", "arbiter.lab.run", "--dir", str(lab_dir), *args],
                             capture_output=True, text=True, timeout=600)
     # Nothing it started keeps running: supervisord and every program are gone.
     left = subprocess.run(["pgrep", "-f", str(lab_dir)], capture_output=True, text=True).stdout.split()

@@ -4,11 +4,11 @@ import uuid
 
 import psycopg
 import pytest
-
-from arbiter import leases
-from arbiter.config import ArbiterSettings
-from arbiter.leases import WriteOutcome
 from fixtures_data import seed_problem, seed_submissions
+
+from arbiter.server.config import ArbiterSettings
+from arbiter.store import leases
+from arbiter.store.leases import WriteOutcome
 
 DEFAULTS = ArbiterSettings()
 

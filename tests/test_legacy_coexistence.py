@@ -6,11 +6,11 @@ import os
 import threading
 
 import psycopg
-
-from arbiter import leases
 from fixtures_data import seed_problem, seed_user
 from procs import aplusb_site, direct_transport, wait_for
 from programs import PROGRAMS
+
+from arbiter.store import leases
 
 FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 2.0,
         "legacy_poll_secs": 0.2}

@@ -7,12 +7,12 @@ import sys
 import psycopg
 import pytest
 
-from arbiter import migrations
-from arbiter.sqlfiles import sql_root
+from arbiter.store import migrations
+from arbiter.store.sqlfiles import sql_root
 
 
 def judgectl(db, *args):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=60)
 
 

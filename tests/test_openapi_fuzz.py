@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker
 

@@ -12,11 +12,11 @@ import falcon
 import falcon.asgi
 import falcon.testing
 import pytest
-
-from arbiter.config import ConfigError, load_settings
-from arbiter.operator_access import OperatorAccess
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker
+
+from arbiter.server.config import ConfigError, load_settings
+from arbiter.server.http.operator_access import OperatorAccess
 
 TOKEN = "operator-token-0123456789abcdef"
 REMOTE = "203.0.113.5"
@@ -35,7 +35,7 @@ class _Open:
 
 
 def _app(token: str) -> falcon.testing.TestClient:
-    # The arbiter's app is ASGI (arbiter/app.py), and so is the middleware.
+    # The arbiter's app is ASGI (arbiter/server/http/app.py), and so is the middleware.
     app = falcon.asgi.App(middleware=[OperatorAccess(token)])
     app.add_route("/status", _Operator())
     app.add_route("/healthz", _Open())
@@ -119,7 +119,7 @@ def test_status_counts_live_work_exactly_and_the_history_as_an_estimate(db, arbi
     assert status == 200
     assert snap["queue"] == {"pending": 3, "judging": 0}
     assert snap["decided_estimate"] == 200  # exact right after ANALYZE; an estimate in general
-    out = subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, "status", "--json"],
+    out = subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, "status", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["queue"] == {"pending": 3, "judging": 0}

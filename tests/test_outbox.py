@@ -4,7 +4,7 @@ import json
 import os
 
 from worker.backoff import Backoff
-from worker.outbox import Entry, Outbox
+from worker.delivery.outbox import Entry, Outbox
 
 
 def test_put_pending_clear(tmp_path):

@@ -16,11 +16,11 @@ from pathlib import Path
 import psycopg
 import psycopg.conninfo
 import pytest
-
-from arbiter.devcluster import free_port
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
-from worker.http_client import ArbiterClient
+
+from arbiter.lab.devcluster import free_port
+from worker.delivery.http_client import ArbiterClient
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"  # .ci/setup installs Debian's
 

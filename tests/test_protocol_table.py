@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from worker.config import SandboxConfig, WorkerConfig
-from worker.judge import Job
-from worker.outbox import Entry
-from worker.transport_arbiter import Assignment, ArbiterTransport, Heartbeats
+from worker.delivery.assignment import Assignment
+from worker.delivery.outbox import Entry
+from worker.delivery.transport_arbiter import ArbiterTransport, Heartbeats
+from worker.judging.judge import Job
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 ROW = re.compile(r"^\| (result|heartbeat|acquire|release) \| (\d{3}) \| [^|]+ \| `(\w+)` \|$", re.M)
@@ -77,7 +78,7 @@ def outcome_of(endpoint: str, t: ArbiterTransport) -> str:
     if endpoint == "result":
         outcome = t.deliver(Entry(transport="arbiter", submission_id=7, verdict="AC", lease_token="t" * 36,
                                   lease_gen=1, detail={"tests": []}))
-        return outcome.partition(":")[0]
+        return outcome.kind.value
     if endpoint == "heartbeat":
         beats = Heartbeats(t.client, assignment, 1.0, 1.0)
         beats.beat()
@@ -96,10 +97,12 @@ def test_the_worker_does_what_the_table_says(server, tmp_path, endpoint, status,
 
 
 def test_the_table_covers_every_refusal_the_arbiter_counts():
-    """Every result status the arbiter counts as a refusal (not one a worker retries) is in the table."""
-    from arbiter.resources import RETRIED_STATUSES
+    """The arbiter counts a result answer as refused (arbiter_results_refused_total) exactly when the
+    worker does not retry it and does not take it as the end of its lease: one rule, in the seam
+    (arbiter.protocol.delivery), and the table agrees with it row by row."""
+    from arbiter.protocol.delivery import is_refusal
 
-    rows = {(e, s): o for e, s, o in table()}
-    for status in RETRIED_STATUSES:
-        assert rows[("result", int(status))] in ("retry", "gone"), status
-    assert rows[("result", 413)] == "too_large"
+    rows = {s: o for e, s, o in table() if e == "result"}
+    for status, outcome in rows.items():
+        assert is_refusal(status) == (outcome in ("reject", "too_large")), (status, outcome)
+    assert rows[413] == "too_large"

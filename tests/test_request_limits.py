@@ -1,5 +1,5 @@
 """The arbiter's request limits at their edges, over plain HTTP and TLS, against a real gunicorn process:
-the request line and headers (arbiter.serving.MAX_HEADER_BYTES) count only themselves, wherever they
+the request line and headers (arbiter.server.serving.MAX_HEADER_BYTES) count only themselves, wherever they
 end inside a read; a body is bounded by max_body_bytes alone (413, naming the limit), Content-Length
 or chunked, in one read with its headers or in many; too-deep JSON is a 400 that says so.
 
@@ -16,13 +16,13 @@ import time
 import uuid
 
 import pytest
+from fixtures_data import seed_problem, seed_submissions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from arbiter import tlsfiles
-from arbiter.serving import MAX_HEADER_BYTES
-from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker
+
+from arbiter.ctl import tlsfiles
+from arbiter.server.serving import MAX_HEADER_BYTES
 
 MAX_BODY = 300_000  # well past the header limit, so that a body read with its headers would trip it
 

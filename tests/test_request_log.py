@@ -11,7 +11,7 @@ import falcon.asgi
 import falcon.testing
 import pytest
 
-from arbiter import resources
+from arbiter.server.http import resources
 
 
 class _Routine:

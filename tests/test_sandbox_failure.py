@@ -12,14 +12,14 @@ import shutil
 import subprocess
 
 import pytest
-
-from arbiter import leases
 from procs import aplusb_site, sandbox_work_dir, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
 from sandbox_faults import PrivateSandbox, SandboxOutage
-from worker import cgroups
-from worker.judge import Job, Judge
-from worker.sandbox import Limits, SandboxFailure
+
+from arbiter.store import leases
+from worker.judging.judge import Job, Judge
+from worker.sandbox import cgroups
+from worker.sandbox.runner import Limits, SandboxFailure
 
 # Every fault here breaks the sandboxes of this identity only (tests/sandbox_faults.py), so the
 # module runs beside the rest of the suite and the cutover lab.

@@ -1,4 +1,4 @@
-"""The arbiter's serving (arbiter/serving.py) against a real gunicorn process and a real database:
+"""The arbiter's serving (arbiter/server/serving.py) against a real gunicorn process and a real database:
 parked long-polls and stalled clients hold no thread, slow clients are cut off, a stop answers
 parked requests at once, removed config keys are refused with their replacement."""
 
@@ -14,11 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from arbiter.runtime import URGENT_THREADS
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, request_bytes, wait_for
-from worker.http_client import ArbiterClient
+
+from arbiter.server.runtime import URGENT_THREADS
+from worker.delivery.http_client import ArbiterClient
 
 
 @pytest.fixture
@@ -233,7 +233,7 @@ def test_a_stop_answers_parked_requests_at_once(site, arbiters):
 def test_a_removed_config_key_is_refused_with_its_replacement(tmp_path, db):
     conf = tmp_path / "arbiter.toml"
     conf.write_text(f'dsn = "{db.dsn}"\nreserved_threads = 16\n')
-    done = subprocess.run([sys.executable, "-m", "arbiter.cli", "--config", str(conf), "--check-config"],
+    done = subprocess.run([sys.executable, "-m", "arbiter.server.cli", "--config", str(conf), "--check-config"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     line = done.stderr.strip()

@@ -14,10 +14,11 @@ import sys
 import threading
 
 import pytest
-
-from arbiter import leases, tlsfiles
 from fixtures_data import seed_problem
 from procs import doubling_tests, problem_site, wait_for
+
+from arbiter.ctl import tlsfiles
+from arbiter.store import leases
 
 WORKER = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
 TESTS = 2000
@@ -94,7 +95,7 @@ def test_two_thousand_tests_and_megabytes_of_compiler_output_over_https_on_a_bus
 
 
 def judgectl(db, *args, source: bytes):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args, "-"], input=source,
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args, "-"], input=source,
                           capture_output=True, timeout=60)
 
 

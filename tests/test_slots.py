@@ -8,14 +8,15 @@ import os
 import uuid
 
 import pytest
-
-from arbiter import leases
 from fixtures_data import seed_problem, seed_user
+from parking import leave
 from procs import add_worker, problem_site, wait_for, write_testdata
 from programs import APLUSB_TESTS
-from worker import cgroups
+
+from arbiter.store import leases
 from worker import config as worker_config
-from worker.http_client import ArbiterClient
+from worker.delivery.http_client import ArbiterClient
+from worker.sandbox import cgroups
 from worker.slot import TRANSITIONS, IllegalTransition, SlotLifecycle, SlotState
 
 WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
@@ -202,8 +203,8 @@ def test_kill9_of_a_two_slot_worker_mid_judging_loses_nothing(site):
 
 @TWO_CPUS
 def test_the_parking_share_and_the_metric_are_per_slot():
-    from arbiter.metrics import METRICS
-    from arbiter.tickets import ParkingLot, Ticket, TooManyParked, WorkerIdentity
+    from arbiter.server.loops.tickets import ParkingLot, Ticket, TooManyParked, WorkerIdentity
+    from arbiter.server.metrics import METRICS
 
     lot = ParkingLot(capacity=100, per_worker=2)
     prod = WorkerIdentity("prod-slots", "production", ("python3",), slots=2)
@@ -218,7 +219,7 @@ def test_the_parking_share_and_the_metric_are_per_slot():
         for i in range(1, 3):
             lot.park(Ticket(worker=home, request_id=f"h{i}", languages=("python3",)))
     assert METRICS.get("arbiter_slot_parked_requests", worker="prod-slots", slot="0") == 2
-    lot.leave(tickets[0], 0)
+    leave(lot, tickets[0], 0)
     assert METRICS.get("arbiter_slot_parked_requests", worker="prod-slots", slot="0") == 1
     assert METRICS.get("arbiter_slot_parked_requests", worker="prod-slots", slot="1") == 2
     assert 'worker="home-slots"' not in METRICS.render(), "a one-slot worker gets no per-slot series"

@@ -12,10 +12,17 @@ import uuid
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from arbiter import leases
-from arbiter.leases import WriteOutcome
+from arbiter.store import leases
+from arbiter.store.leases import WriteOutcome
 
 WORKERS = ["home-1", "home-2", "prod-1"]
 ACQUIRERS = ["home-1", "home-1", "home-2", "prod-1"]  # home-1 more often: same-worker re-leases are the hard case

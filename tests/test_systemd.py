@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from procs import wait_for
 
 UNITS = Path(__file__).resolve().parent.parent / "systemd"
@@ -153,8 +152,8 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from procs import sandbox_work_dir, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
-from worker.judge import Job, Judge
-from worker.sandbox import Sandbox
+from worker.judging.judge import Job, Judge
+from worker.sandbox.runner import Sandbox
 root = Path(tempfile.mkdtemp())
 write_testdata(root / "td", 1, APLUSB_TESTS)
 work = sandbox_work_dir()

@@ -10,17 +10,18 @@ import sys
 import tarfile
 import time
 
-from arbiter import leases
 from procs import aplusb_site, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
-from worker import testdata
+
+from arbiter.protocol import testdata
+from arbiter.store import leases
 
 FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
 NEW_TESTS = APLUSB_TESTS + [("100 200\n", "300\n")]
 
 
 def judgectl(db, *args):
-    return subprocess.run([sys.executable, "-m", "arbiter.ctl", "--dsn", db.dsn, *args],
+    return subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", db.dsn, *args],
                           capture_output=True, text=True, timeout=60)
 
 

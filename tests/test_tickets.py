@@ -1,4 +1,4 @@
-"""The parked-ticket state machine (arbiter/tickets.py), transition by transition, and the
+"""The parked-ticket state machine (arbiter/server/loops/tickets.py), transition by transition, and the
 interleavings of a request leaving, a retry, a match and a leadership loss.
 
 The first part needs nothing but the lot; the last part runs the real dispatcher in this process
@@ -11,14 +11,15 @@ import threading
 import time
 
 import pytest
-
-from arbiter import faults
-from arbiter.config import ArbiterSettings
-from arbiter.db import DbHealth
-from arbiter.dispatcher import Dispatcher
-from arbiter.tickets import Overloaded, ParkingLot, Ticket, TicketState, TooManyParked, WorkerIdentity
 from fixtures_data import seed_problem, seed_submissions
+from parking import leave, unpark
 from procs import add_worker
+
+from arbiter.server import faults
+from arbiter.server.config import ArbiterSettings
+from arbiter.server.loops.dispatcher import Dispatcher
+from arbiter.server.loops.tickets import Overloaded, ParkingLot, Ticket, TicketState, TooManyParked, WorkerIdentity
+from arbiter.store.db import DbHealth
 
 HOME1 = WorkerIdentity("home-1", "home", ("python3",))
 HOME2 = WorkerIdentity("home-2", "home", ("python3",))
@@ -41,7 +42,7 @@ def test_parked_matched_leased_then_the_request_takes_the_lease():
     assert lot.parked() == [], "a ticket being matched is not offered to the round again"
     lot.finish_match(t, LEASE)
     assert t.state is TicketState.LEASED and t.event.is_set()
-    assert lot.leave(t, 0) is LEASE
+    assert leave(lot, t, 0) is LEASE
     assert len(lot) == 0
 
 
@@ -56,7 +57,7 @@ def test_no_work_puts_the_ticket_back_to_wait():
 def test_a_request_that_leaves_is_withdrawn_and_never_matched_later():
     lot, t = ParkingLot(10, 4), ticket()
     lot.park(t)
-    assert lot.leave(t, 0) is None
+    assert leave(lot, t, 0) is None
     assert t.state is TicketState.WITHDRAWN and len(lot) == 0
     assert not lot.begin_match(t), "a round holding an old snapshot must not match it"
 
@@ -66,7 +67,7 @@ def test_a_request_leaving_during_the_match_gets_the_lease_if_it_comes_in_time()
     lot.park(t)
     assert lot.begin_match(t)
     threading.Timer(0.1, lot.finish_match, (t, LEASE)).start()
-    assert lot.leave(t, 5.0) is LEASE
+    assert leave(lot, t, 5.0) is LEASE
     assert t.state is TicketState.LEASED and not t.abandoned and len(lot) == 0
 
 
@@ -75,7 +76,7 @@ def test_a_request_that_cannot_wait_for_its_match_leaves_no_place_taken():
     lot, t = ParkingLot(10, 4), ticket()
     lot.park(t)
     assert lot.begin_match(t)
-    assert lot.leave(t, 0.01) is None
+    assert leave(lot, t, 0.01) is None
     assert len(lot) == 0 and t.abandoned
     lot.finish_match(t, None)
     assert t.state is TicketState.WITHDRAWN, "never back to PARKED once its request left"
@@ -86,7 +87,7 @@ def test_a_lease_granted_after_the_request_left_is_final_and_flagged():
     lot, t = ParkingLot(10, 4), ticket()
     lot.park(t)
     lot.begin_match(t)
-    lot.leave(t, 0.01)
+    leave(lot, t, 0.01)
     lot.finish_match(t, LEASE)
     assert t.state is TicketState.LEASED and t.abandoned and len(lot) == 0
 
@@ -133,7 +134,7 @@ def test_leadership_lost_answers_every_waiting_request_and_a_match_in_flight_end
     lot.finish_match(matched, LEASE)
     lot.finish_match(unmatched, None)
     assert matched.state is TicketState.LEASED and unmatched.state is TicketState.WITHDRAWN
-    assert lot.leave(matched, 0) is LEASE and lot.leave(unmatched, 0) is None
+    assert leave(lot, matched, 0) is LEASE and leave(lot, unmatched, 0) is None
 
 
 def test_capacity_and_the_per_worker_share():
@@ -146,7 +147,7 @@ def test_capacity_and_the_per_worker_share():
     with pytest.raises(Overloaded):
         lot.park(ticket(HOME2, "b"))
     leaving = lot.parked()[0]
-    lot.leave(leaving, 0)
+    leave(lot, leaving, 0)
     lot.park(ticket(HOME1, "c"))  # a place freed by a request that left is free again
     assert len(lot) == 3
 
@@ -253,7 +254,7 @@ def test_a_signal_set_after_its_loop_closed_is_harmless():
 
 
 def test_close_answers_every_parked_request_and_nothing_parks_again():
-    from arbiter.tickets import Stopping
+    from arbiter.server.loops.tickets import Stopping
 
     lot = ParkingLot(10, 4)
     waiting = [ticket(HOME1, "a"), ticket(HOME2, "b")]
@@ -307,7 +308,7 @@ def test_a_request_that_leaves_while_its_lease_commits_holds_no_place_and_is_not
     d.park(t)
     round_ = _round_in_thread(d)
     assert held.inside.wait(10)
-    assert d.unpark(t, wait_if_matching=0.05) is None  # the request could not wait any longer
+    assert unpark(d, t, wait_if_matching=0.05) is None  # the request could not wait any longer
     assert len(d.lot) == 0
     held.release.set()
     round_.join(10)
@@ -339,7 +340,7 @@ def test_a_retry_of_the_request_id_during_the_commit_gets_the_same_lease_and_no_
     with db.connect() as conn:
         assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (1,)
         assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging'").fetchone() == (1,)
-    assert d.unpark(retry) is retry.lease and len(d.lot) == 0
+    assert unpark(d, retry) is retry.lease and len(d.lot) == 0
 
 
 def test_leadership_lost_during_a_commit_answers_everyone_and_the_lease_is_not_lost(dispatcher):
@@ -357,7 +358,7 @@ def test_leadership_lost_during_a_commit_answers_everyone_and_the_lease_is_not_l
     held.release.set()
     round_.join(10)
     assert matched.state is TicketState.LEASED  # the lease it committed reaches its request
-    assert d.unpark(matched) is matched.lease and d.unpark(waiting) is None
+    assert unpark(d, matched) is matched.lease and unpark(d, waiting) is None
     assert len(d.lot) == 0
 
 
@@ -390,7 +391,7 @@ def test_one_round_leases_a_burst_in_one_statement_home_first_oldest_first(batch
     tickets = [ticket(w, f"r-{w.worker_id}") for w in prods + homes]
     for t in tickets:
         d.park(t)
-    from arbiter.metrics import METRICS
+    from arbiter.server.metrics import METRICS
 
     batches_before = METRICS.get("arbiter_dispatch_batches_total")
     d.round()
@@ -412,7 +413,7 @@ def test_one_round_leases_a_burst_in_one_statement_home_first_oldest_first(batch
 def test_batches_respect_languages_and_pins(batch_dispatcher):
     """Requests of two language sets, and a canary pinned to one worker: each gets only work it can
     judge, the pinned canary goes to its worker only."""
-    from arbiter import canary
+    from arbiter.store import canary
 
     d, db = batch_dispatcher
     with db.connect() as conn:
@@ -434,7 +435,7 @@ def test_batches_respect_languages_and_pins(batch_dispatcher):
 def test_a_request_id_served_before_makes_the_batch_match_one_by_one(batch_dispatcher):
     """A retried request_id inside a batch (its lease was granted by another arbiter) gets that same
     lease; the others are still matched, and no submission is leased twice."""
-    from arbiter import leases
+    from arbiter.store import leases
 
     d, db = batch_dispatcher
     with db.connect() as conn:

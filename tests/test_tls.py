@@ -9,13 +9,14 @@ import subprocess
 import sys
 
 import pytest
-
-from arbiter import leases, tlsfiles
-from arbiter.config import ConfigError, load_settings
 from procs import aplusb_site, wait_for
 from programs import PROGRAMS
+
+from arbiter.ctl import tlsfiles
+from arbiter.server.config import ConfigError, load_settings
+from arbiter.store import leases
 from worker import config as worker_config
-from worker.http_client import ArbiterClient, Unreachable
+from worker.delivery.http_client import ArbiterClient, Unreachable
 
 FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
 
@@ -146,7 +147,7 @@ def test_arbiter_tls_settings_are_checked_at_start_up(tmp_path, pki):
     # The gunicorn master refuses the same at start: one line, exit 2.
     env_conf = tmp_path / "bad.toml"
     env_conf.write_text(f'dsn = "host=/nonexistent"\ntls_certfile = "{pki["cert"]}"\n')
-    result = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "arbiter/gunicorn.conf.py", "arbiter.asgi:app"],
+    result = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "arbiter/server/gunicorn.conf.py", "arbiter.server.asgi:app"],
                             cwd=_repo(), env={"JUDGE_ARBITER_CONFIG": str(env_conf), "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "go together" in result.stderr

@@ -3,7 +3,7 @@
   test are delivered;
 - a result refused for good waits in outbox/rejected/, `judge-worker --rejected` lists it and
   `judge-worker --resend-rejected` delivers it once the cause is fixed;
-- the judge keeps a detail within its budget however many tests a problem has (worker/detail_budget.py,
+- the judge keeps a detail within its budget however many tests a problem has (worker/judging/detail_budget.py,
   with a property test over sizes and shapes)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from arbiter import leases
 from procs import doubling_tests, problem_site, wait_for
-from worker import detail_budget
+
+from arbiter.store import leases
+from worker.judging import detail_budget
 
 WORKER = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 1.0}
 LONG_LEASES = {"lease_secs": 120.0, "grace_secs": 120.0}

@@ -6,11 +6,11 @@ import json
 import time
 
 import pytest
-
 from fixtures_data import seed_problem, seed_user
-from arbiter import leases
 from procs import add_worker, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
+
+from arbiter.store import leases
 
 WORKER_FAST = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
                "backoff_max_secs": 2.0}
@@ -190,8 +190,8 @@ def test_a_submission_no_worker_can_judge_ends_as_system_error_with_the_reason(l
 def test_an_entry_the_arbiter_refuses_for_good_is_moved_aside_and_the_rest_delivered(lab):
     """One outbox entry that can never be delivered (422: here a detail PostgreSQL cannot store, as an
     older or broken worker might have written it) must not block the entries behind it."""
-    from worker.http_client import ArbiterClient
-    from worker.outbox import Entry, Outbox
+    from worker.delivery.http_client import ArbiterClient
+    from worker.delivery.outbox import Entry, Outbox
 
     a = lab["arbiters"].start(lab["db"].dsn, lease_secs=30.0, unconfirmed_secs=10.0)
     first, second = lab["submit"]("python3", "AC"), lab["submit"]("python3", "AC")

@@ -14,10 +14,10 @@ import os
 import signal
 
 import pytest
-
-from arbiter import leases
 from faultproxy import FaultProxy
 from procs import problem_site, wait_for
+
+from arbiter.store import leases
 
 WORKER = {"heartbeat_interval_secs": 1.0, "long_poll_secs": 5.0, "backoff_initial_secs": 0.2,
           "backoff_max_secs": 2.0}

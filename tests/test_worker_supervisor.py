@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from arbiter import leases
 from procs import WorkerProcess, aplusb_site, wait_for
 from programs import PROGRAMS
+
+from arbiter.store import leases
 
 BIN = Path(sys.executable).parent
 

@@ -11,17 +11,10 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arbiter.config import is_toml_type, read_secret_file
-
-from . import cgroups
-from .credential_file import CredentialError, check_credential
-
-WORKER_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
-LANGUAGES = ("c", "cpp", "python3")
-
-
-class ConfigError(Exception):
-    pass
+from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file
+from arbiter.protocol.vocabulary import LANGUAGES, WORKER_ID
+from worker.credential_file import CredentialError, check_credential
+from worker.sandbox import cgroups
 
 
 @dataclass(frozen=True)
@@ -54,7 +47,7 @@ class WorkerConfig:
     # machine's trust store, never implied). http:// to anything but loopback needs allow_plaintext.
     tls_ca_file: str = ""
     allow_plaintext: bool = False
-    # The test-data cache (worker/datastore.py): files fetched from the arbiter, by content.
+    # The test-data cache (worker/judging/datastore.py): files fetched from the arbiter, by content.
     data_dir: Path | None = None
     # The cache's size: sets used longest ago are evicted beyond it (the one in use always stays).
     data_cache_max_mb: int = 10240

@@ -14,12 +14,13 @@ import os
 import threading
 from pathlib import Path
 
-from arbiter.config import read_secret_file
+from arbiter.protocol.configfiles import read_secret_file
+from worker.errors import WorkerError
 
 log = logging.getLogger("judge.worker")
 
 
-class CredentialError(Exception):
+class CredentialError(WorkerError):
     pass
 
 

@@ -22,25 +22,25 @@ import logging
 import sys
 import threading
 
-from arbiter import logs
-
-from . import config as config_mod
-from .backoff import Backoff
-from .datastore import DataStore
-from .outbox import Outbox
-from .sandbox import Sandbox, SandboxUnavailable
-from .slot import JudgeSlot
-from .stop_signals import StopSignals
+from arbiter.protocol import logs
+from arbiter.protocol.delivery import Delivery, DeliveryOutcome
+from worker import config as config_mod
+from worker.backoff import Backoff
+from worker.delivery.outbox import Outbox
+from worker.judging.datastore import DataStore
+from worker.sandbox.runner import Sandbox, SandboxUnavailable
+from worker.slot import JudgeSlot
+from worker.stop_signals import StopSignals
 
 log = logging.getLogger("worker")
 
 
 def make_transport(cfg, slot: int | None = None):
     if cfg.transport == "arbiter":
-        from .transport_arbiter import ArbiterTransport
+        from worker.delivery.transport_arbiter import ArbiterTransport
 
         return ArbiterTransport(cfg, slot)
-    from .transport_direct import DirectTransport
+    from worker.delivery.transport_direct import DirectTransport
 
     return DirectTransport(cfg)
 
@@ -83,8 +83,8 @@ class Worker:
             return own
         if entry.transport == "direct" and self.cfg.dsn or entry.transport == "arbiter" and self.cfg.arbiter_urls:
             if self._fallback is None:
-                from .transport_arbiter import ArbiterTransport
-                from .transport_direct import DirectTransport
+                from worker.delivery.transport_arbiter import ArbiterTransport
+                from worker.delivery.transport_direct import DirectTransport
 
                 self._fallback = DirectTransport(self.cfg) if entry.transport == "direct" else ArbiterTransport(self.cfg)
             return self._fallback
@@ -101,11 +101,11 @@ class Worker:
             backoff = Backoff(self.cfg.backoff_initial_secs, self.cfg.backoff_max_secs)
             while True:
                 outcome, entry = self._deliver_one(path, entry)
-                if outcome in ("delivered", "gone"):
+                if outcome.done:
                     self.outbox.clear(path)
                     break
-                if outcome.startswith("reject:"):
-                    self.outbox.reject(path, outcome[len("reject:"):])
+                if outcome.kind is Delivery.REJECTED:
+                    self.outbox.reject(path, outcome.why)
                     break
                 if give_up_on_stop and self.stopping.is_set():
                     log.info("stopping with results still in the outbox; they are delivered on the next start")
@@ -120,16 +120,16 @@ class Worker:
         rewritten so first (a crash keeps the shrunk one), then sent again at once. A verdict is never
         dropped for its detail's size."""
         outcome = self._transport_for(entry).deliver(entry)
-        if outcome == "too_large" and "detail_dropped" not in entry.detail:
+        if outcome.kind is Delivery.TOO_LARGE and "detail_dropped" not in entry.detail:
             entry = entry.with_minimal_detail("the arbiter refused the full detail as too large (HTTP 413)")
             self.outbox.rewrite(path, entry)
             log.warning("result over the arbiter's body limit; sending it without its detail",
                         extra={"submission_id": entry.submission_id, "verdict": entry.verdict})
             outcome = self._transport_for(entry).deliver(entry)
-        if outcome == "too_large":  # even without its detail: the limit is misconfigured
-            return "reject:HTTP 413 even with a minimal detail", entry
-        if outcome in ("delivered", "gone"):
-            log.info("result delivered" if outcome == "delivered" else "result refused as stale (410)",
+        if outcome.kind is Delivery.TOO_LARGE:  # even without its detail: the limit is misconfigured
+            return DeliveryOutcome(Delivery.REJECTED, "HTTP 413 even with a minimal detail"), entry
+        if outcome.done:
+            log.info("result delivered" if outcome.kind is Delivery.DELIVERED else "result refused as stale (410)",
                      extra={"submission_id": entry.submission_id, "verdict": entry.verdict,
                             "lease_gen": entry.lease_gen})
         return outcome, entry
@@ -146,12 +146,12 @@ class Worker:
                 continue
             outcome, entry = self._deliver_one(path, entry)
             what = f"{path.name}: submission {entry.submission_id} {entry.verdict}"
-            if outcome in ("delivered", "gone"):
+            if outcome.done:
                 self.outbox.clear(path)
-                print(f"{what}: {'delivered' if outcome == 'delivered' else 'stale (410): nothing to deliver'}",
+                print(f"{what}: {'delivered' if outcome.kind is Delivery.DELIVERED else 'stale (410): nothing to deliver'}",
                       file=out)
             else:
-                print(f"{what}: {outcome.removeprefix('reject:')}; left in rejected/", file=out)
+                print(f"{what}: {outcome.why or outcome.kind.value}; left in rejected/", file=out)
                 left += 1
         return 0 if left == 0 else 1
 

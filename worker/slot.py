@@ -21,11 +21,17 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from typing import TYPE_CHECKING, Protocol
 
-from . import faults
-from .backoff import Backoff
-from .judge import CannotJudgeHere, Judge, JudgeCancelled, Verdict
-from .sandbox import Sandbox, SandboxFailure, SandboxUnavailable
+from worker import faults
+from worker.backoff import Backoff
+from worker.errors import WorkerError
+from worker.judging.judge import CannotJudgeHere, Judge, JudgeCancelled, Verdict
+from worker.sandbox.runner import Sandbox, SandboxFailure, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from worker.config import WorkerConfig
+    from worker.delivery.outbox import Outbox
 
 log = logging.getLogger("worker")
 
@@ -56,7 +62,7 @@ TRANSITIONS: dict[str, tuple[frozenset[SlotState], SlotState]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(WorkerError, RuntimeError):
     pass
 
 
@@ -76,8 +82,23 @@ class SlotLifecycle:
             return target
 
 
+class SlotOwner(Protocol):
+    """What a slot needs of the worker that runs it (worker.main.Worker): its config, the stop, the
+    shared outbox and its one deliverer, a transport of its own, and a count of judged submissions."""
+
+    cfg: WorkerConfig
+    stopping: threading.Event
+    outbox: Outbox
+
+    def make_transport(self, slot: int | None): ...
+
+    def deliver_outbox(self, give_up_on_stop: bool = True) -> None: ...
+
+    def count_judged(self) -> None: ...
+
+
 class JudgeSlot:
-    def __init__(self, worker, index: int, cpus: tuple[int, ...], sandbox: Sandbox | None = None):
+    def __init__(self, worker: SlotOwner, index: int, cpus: tuple[int, ...], sandbox: Sandbox | None = None):
         cfg = worker.cfg
         self.worker = worker
         self.cfg = cfg

@@ -18,7 +18,7 @@ or whose owner has died (``--owner-pid``: a test run killed before its tear-down
 first; a lab in use is waited for (``--wait`` seconds), then refused with its owner named.
 
 Needs root, iproute2, openssh-server, util-linux (unshare) and PostgreSQL's server binaries.
-Run it with the project's virtualenv (it applies the baseline migration with arbiter.migrations).
+Run it with the project's virtualenv (it applies the baseline migration with arbiter.store.migrations).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class Lab:
     # -- the database host -----------------------------------------------------------
     def _postgres(self) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from arbiter.devcluster import LocalCluster
+        from arbiter.lab.devcluster import LocalCluster
 
         cluster = LocalCluster(self.pg, port=5432, fast=True, settings={
             "listen_addresses": f"'{address('db-1')},127.0.0.1'", "password_encryption": "'scram-sha-256'"})
@@ -228,7 +228,7 @@ class Lab:
         """The site before the cutover: baseline schema, problems with test data on the controller."""
         import psycopg
 
-        from arbiter import migrations
+        from arbiter.store import migrations
 
         with psycopg.connect(self.admin_dsn("postgres"), autocommit=True) as admin:
             admin.execute("CREATE DATABASE judge")

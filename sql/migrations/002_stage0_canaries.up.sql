@@ -33,7 +33,7 @@ CREATE TRIGGER submissions_pin_guard
           AND NEW.worker_id IS DISTINCT FROM NEW.pinned_worker)
     EXECUTE FUNCTION submissions_pin_guard();
 
--- How a test's output is judged (worker/compare.py): tokens (the default, what the legacy judge
+-- How a test's output is judged (arbiter/protocol/compare.py): tokens (the default, what the legacy judge
 -- always did), lines, float:abs=A,rel=R, or the problem's own checker, whose source's SHA-256 the
 -- database holds so that no worker judges with another checker than the one set. Here, not later:
 -- the workers of every stage read it, the legacy transport's too.
@@ -43,7 +43,7 @@ ALTER TABLE problems
     ADD COLUMN checker_sha256 text CHECK (checker_sha256 ~ '^[0-9a-f]{64}$'),
     ADD CONSTRAINT problems_checker_has_its_digest CHECK ((comparer = 'checker') = (checker_sha256 IS NOT NULL));
 
--- Test data as a fact of the database (worker/testdata.py): the digest of the problem's test data as
+-- Test data as a fact of the database (arbiter/protocol/testdata.py): the digest of the problem's test data as
 -- set by judgectl problem data; a worker whose copy has another digest does not judge. Every history
 -- row records the digest it was judged with, so a change of the data finds what to rejudge.
 ALTER TABLE problems ADD COLUMN data_digest text CHECK (data_digest ~ '^[0-9a-f]{64}$');
@@ -51,7 +51,7 @@ ALTER TABLE submission_judgings ADD COLUMN data_digest text CHECK (data_digest ~
 
 -- The content of test data, content-addressed: judgectl problem data stores each file once (by its
 -- SHA-256, in 1 MiB chunks) with the listing of every data set; the arbiter serves both to workers,
--- chunk by chunk and resumable (arbiter/testblobs.py). In the database, not on one host's disk:
+-- chunk by chunk and resumable (arbiter/store/testblobs.py). In the database, not on one host's disk:
 -- every arbiter and every backup has it, and judgectl needs nothing but its connection.
 CREATE TABLE test_blobs (
     sha256      text PRIMARY KEY CHECK (sha256 ~ '^[0-9a-f]{64}$'),

@@ -7,7 +7,7 @@ Inputs are facts, never the system's own opinion of itself:
 - the proxies' history of every exchange (who asked what, when, and what came back);
 - the nemesis log: which fault hit which part, from when to when.
 
-The properties (DESIGN.md sections 1, 3, 5, 6 and the issue's list):
+The properties (docs/design.md sections 1, 3, 5, 6 and the issue's list):
   lost / not terminal, wrong verdict, verdict by a token that was not current, a generation decided
   twice, two live leases at once, lease_gen going backwards, AC/XP credited twice, a reclaim (and so
   any system_error) for which no fault on the holder's side accounts (arbiter downtime alone).

@@ -30,12 +30,13 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-
-from arbiter import devcluster, leases, migrations  # noqa: E402
 from checker import ORPHANED_POLL_SECS, Fault, check  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
 from programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
+
+from arbiter.lab import devcluster  # noqa: E402
+from arbiter.store import leases, migrations
 
 LEASE_SECS = 4.0
 ARBITER = {"lease_secs": LEASE_SECS, "unconfirmed_secs": 2.0, "grace_secs": 4.0, "long_poll_max_secs": 3.0,

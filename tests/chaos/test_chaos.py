@@ -6,7 +6,6 @@ The long run is the same code with more faults: ``python tests/chaos/run.py --fa
 import os
 
 import pytest
-
 from run import run
 
 SEED = int(os.environ.get("JUDGE_CHAOS_SEED", "20261202"))

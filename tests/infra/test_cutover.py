@@ -26,7 +26,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from infra import nodes as node_checks
 from procs import wait_for
 
@@ -300,7 +299,7 @@ def last_submission_id(lab: Lab) -> int:
 def gates_since(lab: Lab, after_id: int) -> list[tuple[str, "canary.Outcome"]]:
     """The gates a play ran, read from the database rather than from the play's folded YAML: every
     canary pinned to a worker queued after ``after_id``, as (pinned worker, outcome), in order."""
-    from arbiter import canary
+    from arbiter.store import canary
 
     with lab.connect() as conn:
         rows = conn.execute("SELECT id, pinned_worker FROM submissions WHERE id > %s AND canary_expect IS NOT NULL "

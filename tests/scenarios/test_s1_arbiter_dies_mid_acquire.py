@@ -3,10 +3,10 @@
 import uuid
 
 import pytest
-
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
-from worker.http_client import ArbiterClient, Unreachable
+
+from worker.delivery.http_client import ArbiterClient, Unreachable
 
 
 @pytest.fixture

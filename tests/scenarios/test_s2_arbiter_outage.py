@@ -8,11 +8,12 @@ JUDGE_S2_OUTAGE_SECS (default 12) sets the outage; JUDGE_S2_OUTAGE_SECS=120 runs
 import os
 import time
 
-from arbiter import leases
 from checks import assert_each_submission_decided_once_by_its_last_lease
 from fixtures_data import seed_problem, seed_user
 from procs import add_worker, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
+
+from arbiter.store import leases
 
 OUTAGE_SECS = float(os.environ.get("JUDGE_S2_OUTAGE_SECS", "12"))
 WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.5,
@@ -87,7 +88,8 @@ def test_arbiter_paused_longer_than_the_lease_reclaims_nothing_on_resume(db, arb
     import signal
 
     from fixtures_data import seed_submissions
-    from worker.http_client import ArbiterClient
+
+    from worker.delivery.http_client import ArbiterClient
 
     with db.connect() as conn:
         seed_problem(conn)

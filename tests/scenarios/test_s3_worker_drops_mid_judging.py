@@ -2,10 +2,11 @@
 
 import time
 
-from arbiter import leases
 from fixtures_data import seed_problem, seed_user
 from procs import add_worker, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
+
+from arbiter.store import leases
 
 FAST = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2, "backoff_max_secs": 2.0}
 

@@ -3,7 +3,8 @@
 from faultproxy import FaultProxy
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker
-from worker.http_client import ArbiterClient, Unreachable
+
+from worker.delivery.http_client import ArbiterClient, Unreachable
 
 
 def test_result_reply_dropped_then_resent_is_recorded_once(db, arbiters):

@@ -4,7 +4,8 @@ A's result arrives late -> 410 and B's result stands."""
 
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
-from worker.http_client import ArbiterClient
+
+from worker.delivery.http_client import ArbiterClient
 
 
 def test_late_result_of_a_reclaimed_lease_is_fenced(db, arbiters):

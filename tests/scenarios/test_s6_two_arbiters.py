@@ -6,7 +6,8 @@ from checks import assert_each_submission_decided_once_by_its_last_lease
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
 from simworker import SimWorker
-from worker.http_client import ArbiterClient, Unreachable
+
+from worker.delivery.http_client import ArbiterClient, Unreachable
 
 
 def _setup(db, workers):

@@ -3,10 +3,10 @@
 import time
 
 import psycopg
-
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
-from worker.http_client import ArbiterClient, Unreachable
+
+from worker.delivery.http_client import ArbiterClient, Unreachable
 
 
 def test_db_outage_answers_503_reclaims_nothing_and_grants_grace(own_cluster, arbiters):

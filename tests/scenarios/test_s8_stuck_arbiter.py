@@ -4,7 +4,8 @@ import threading
 
 from fixtures_data import seed_problem, seed_submissions
 from procs import add_worker, wait_for
-from worker.http_client import ArbiterClient
+
+from worker.delivery.http_client import ArbiterClient
 
 
 def test_wedged_dispatch_loop_is_seen_by_readyz_and_the_stuck_alert(db, arbiters, tmp_path):

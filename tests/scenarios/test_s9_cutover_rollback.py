@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import threading
 
-from arbiter import ctl, leases, migrations
 from checks import assert_each_submission_decided_once_by_its_last_lease
 from fixtures_data import seed_problem, seed_user
 from procs import add_worker, wait_for, write_testdata
 from programs import APLUSB_TESTS, PROGRAMS
 from test_legacy_coexistence import legacy_login
+
+from arbiter.ctl import main as ctl
+from arbiter.store import leases, migrations
 
 WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
           "backoff_max_secs": 1.5, "legacy_poll_secs": 0.2}

@@ -1,0 +1,35 @@
+"""What the arbiter's and the worker's config files share: the one ConfigError both refuse a config
+with (one line naming the key), TOML type checks, and secrets kept in files only their owner reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arbiter.protocol.errors import ProtocolError
+
+
+class ConfigError(ProtocolError):
+    """A config refused at start-up; the message is the one line an operator sees."""
+
+
+def is_toml_type(value, expected: type) -> bool:
+    """TOML value check shared by the arbiter's and the worker's config: no bools for numbers, ints do for floats."""
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, expected) or (expected is float and isinstance(value, int))
+
+
+def read_secret_file(path: str, what: str, error: type[Exception] = ConfigError) -> str:
+    """A secret from a file only its owner may read: one clear error (``error``, a ConfigError unless
+    the caller names another) if it is missing, readable by others, or empty."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode & 0o777
+        text = p.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise error(f"{what} {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise error(f"{what} {path} is readable by group/others (mode {oct(mode)}); chmod 600 it")
+    if not text:
+        raise error(f"{what} {path} is empty")
+    return text

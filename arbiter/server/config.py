@@ -1,0 +1,186 @@
+"""Arbiter settings: a TOML file (``JUDGE_ARBITER_CONFIG``) plus a few environment overrides.
+
+Unknown keys, wrong types and out-of-range values are refused at start-up
+with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file  # noqa: F401 (re-exported)
+from arbiter.store.canary import PROGRAMS as CANARY_PROGRAMS
+
+
+@dataclass(frozen=True)
+class ArbiterSettings:
+    dsn: str = ""
+    # Optional: where the arbiter's session-level needs go (LISTEN, the leader's advisory lock) when
+    # dsn is a transaction pooler such as PgBouncer; without it everything uses dsn.
+    session_dsn: str = ""
+    bind: str = "127.0.0.1:8080"
+    # HTTPS (both or neither): the server certificate (chain) and its key (mode 0600). TLS 1.2 or newer.
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    # lease protocol (docs/design.md section 5)
+    unconfirmed_secs: float = 10.0
+    lease_secs: float = 60.0
+    grace_secs: float = 60.0
+    max_attempts: int = 3
+    # A lease handed back (release) this many times makes the submission system_error: no worker
+    # could judge it (each release gives its attempt back, so max_attempts alone would not stop it).
+    max_releases: int = 5
+    long_poll_max_secs: float = 30.0
+    # server capacity: a parked long-poll costs a socket and a few KB, no thread (arbiter/server/serving.py)
+    max_parked: int = 10_000
+    # One worker (one credential) may hold this many parking places; more get 429 + Retry-After, so
+    # one worker cannot take the lot. A worker parks one at a time; retries take the same place.
+    max_parked_per_worker: int = 4
+    max_body_bytes: int = 1_048_576
+    # Slow clients: a request's line and headers must arrive within header_timeout_secs of its first
+    # byte (or of the connection), its body within body_timeout_secs (408); else the connection closes.
+    header_timeout_secs: float = 10.0
+    body_timeout_secs: float = 10.0
+    # Threads that run the (short) database calls of requests; also the pool's size. Requests
+    # waiting for a thread queue on the event loop, they never hold a thread while parked or stalled.
+    db_threads: int = 16
+    # loops
+    dispatch_tick_secs: float = 1.0
+    # A dispatch round leases up to this many submissions to parked requests in one statement.
+    dispatch_batch_size: int = 500
+    # Rounds look at the queue when told something changed (NOTIFY, a parked request, a new LISTEN
+    # session); at least this often anyway, so a NOTIFY lost in transit strands work this long at most.
+    dispatch_sweep_secs: float = 30.0
+    # The leader lock's session is checked (and the database's health with it) this often.
+    leader_check_secs: float = 5.0
+    # With no arbiter lease live the janitor has nothing to reclaim: it sweeps this often (and at
+    # once when a lease is granted) instead of every janitor_interval_secs.
+    janitor_idle_secs: float = 10.0
+    janitor_interval_secs: float = 1.0
+    # A janitor that has not swept for this long (DB time) was absent itself: paused, starved or
+    # stopped. Its absence is not the workers' fault, so a grace period comes before any reclaim.
+    absence_grace_after_secs: float = 5.0
+    leader_retry_secs: float = 3.0
+    leader_lock_key: int = 0x4A554447  # "JUDG"
+    ready_max_round_age_secs: float = 5.0
+    stuck_alert_secs: float = 30.0
+    # Stages 1-3: the legacy yield rules. A legacy node counts as idle if it polled this recently
+    # (the legacy workers' own rule), and work waits for a legacy worker's turn this long at most.
+    legacy_fresh_secs: float = 5.0
+    legacy_yield_secs: float = 2.0
+    # The standing end-to-end probe (leader only): an unpinned canary every this many seconds, one
+    # open at a time (0 turns it off); decided canaries are forgotten after canary_keep_secs, except
+    # each worker's last one. canary_language: the program judged (a language every site judges).
+    canary_interval_secs: float = 60.0
+    canary_language: str = "c"
+    canary_keep_secs: float = 86400.0
+    db_timeout_secs: float = 3.0
+    credential_cache_secs: float = 5.0
+    instance_name: str = ""
+    # Who may read /metrics, /v1/status and /status: with no token, loopback clients only; with one
+    # (from operator_token_file, mode 0600), anyone presenting it (Bearer, or Basic's password).
+    operator_token: str = ""
+
+    def __repr__(self) -> str:  # never a secret in a log line or a traceback
+        return "ArbiterSettings(...)"
+
+
+_ENV_OVERRIDES = {"JUDGE_DSN": "dsn", "JUDGE_ARBITER_BIND": "bind"}
+# Keys that meant something once: refused with what replaced them, not just "unknown".
+_REMOVED_KEYS = {
+    "reserved_threads": "parked requests and slow clients no longer hold threads (asyncio serving); "
+                        "remove it (db_threads sizes the threads for database calls)",
+}
+
+
+def _coerce(name: str, expected: type, value):
+    if not is_toml_type(value, expected):
+        raise ConfigError(f"config key {name!r} must be {expected.__name__}, got {type(value).__name__}")
+    return float(value) if expected is float else value
+
+
+def load_settings(path: str | os.PathLike | None = None, **overrides) -> ArbiterSettings:
+    path = path or os.environ.get("JUDGE_ARBITER_CONFIG")
+    raw: dict = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for file_key, key in (("dsn_file", "dsn"), ("session_dsn_file", "session_dsn")):
+        dsn_file = raw.pop(file_key, None)
+        if dsn_file:
+            try:
+                raw[key] = Path(dsn_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"{file_key} {dsn_file}: {exc.strerror}") from None
+    token_file = raw.pop("operator_token_file", None)
+    if token_file:
+        raw["operator_token"] = read_secret_file(token_file, "operator_token_file")
+        if len(raw["operator_token"]) < 16:
+            raise ConfigError(f"operator_token_file {token_file} holds fewer than 16 characters")
+    for env, key in _ENV_OVERRIDES.items():
+        if os.environ.get(env):
+            raw[key] = os.environ[env]
+    raw.update(overrides)
+    for key in sorted(set(raw) & set(_REMOVED_KEYS)):
+        raise ConfigError(f"config key {key!r} was removed: {_REMOVED_KEYS[key]}")
+    known = {f.name: f.type for f in fields(ArbiterSettings)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
+    types = {"str": str, "float": float, "int": int}
+    values = {k: _coerce(k, types[known[k]], v) for k, v in raw.items()}
+    settings = ArbiterSettings(**values)
+    if not settings.dsn:
+        raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
+    positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
+                "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs",
+                "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_releases", "max_parked", "max_parked_per_worker",
+                "max_body_bytes", "legacy_fresh_secs", "header_timeout_secs", "body_timeout_secs", "db_threads",
+                "dispatch_batch_size", "dispatch_sweep_secs", "leader_check_secs", "janitor_idle_secs"]
+    for key in positive:
+        if getattr(settings, key) <= 0:
+            raise ConfigError(f"config key {key!r} must be > 0")
+    if settings.canary_interval_secs < 0:
+        raise ConfigError("config key 'canary_interval_secs' must be >= 0 (0: no standing canary probe)")
+    if settings.canary_keep_secs <= 0:
+        raise ConfigError("config key 'canary_keep_secs' must be > 0")
+    if settings.canary_language not in CANARY_PROGRAMS:
+        raise ConfigError(f"config key 'canary_language' must be one of {', '.join(sorted(CANARY_PROGRAMS))}")
+    if settings.legacy_yield_secs < 0:
+        raise ConfigError("config key 'legacy_yield_secs' must be >= 0 (0: never wait for a legacy worker's turn)")
+    if settings.unconfirmed_secs > settings.lease_secs:
+        raise ConfigError("unconfirmed_secs must not exceed lease_secs")
+    _check_tls(settings)
+    return settings
+
+
+def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """What the arbiter serves HTTPS with: TLS 1.2 or newer, the certificate and key given."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+def _check_tls(settings: ArbiterSettings) -> None:
+    """One line at start-up for a certificate or key that would only fail at the first handshake."""
+    if bool(settings.tls_certfile) != bool(settings.tls_keyfile):
+        raise ConfigError("tls_certfile and tls_keyfile go together: set both for HTTPS, or neither")
+    if not settings.tls_certfile:
+        return
+    read_secret_file(settings.tls_keyfile, "tls_keyfile")  # exists, not empty, not readable by others
+    try:
+        server_ssl_context(settings.tls_certfile, settings.tls_keyfile)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"tls_certfile {settings.tls_certfile}: {exc.strerror}") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"tls_certfile/tls_keyfile: not a certificate and its key "
+                          f"({getattr(exc, 'reason', None) or exc})") from None

@@ -1,0 +1,98 @@
+"""The Falcon application (ASGI): routes, middleware and error mapping.
+
+Responders are coroutines on the server's event loop (arbiter/server/serving.py); their database calls,
+which are short, run on ``runtime``'s thread pools (``await runtime.db(...)``)."""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+import falcon.asgi
+
+from arbiter.server.http import resources
+from arbiter.server.http.auth import WorkerAuth
+from arbiter.server.http.operator_access import OperatorAccess
+from arbiter.store import db
+
+log = logging.getLogger("arbiter.app")
+
+# Routes that answer without the database (probes, metrics, the API description).
+_DB_FREE = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+
+
+class DatabaseGate:
+    """While the database is known to be down, every DB-backed request gets 503 at once."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    async def process_request(self, req, resp):
+        if req.path not in _DB_FREE and not self.runtime.health.up:
+            raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable",
+                                                retry_after=2)
+
+
+def _database_unavailable(runtime):
+    async def handle(req, resp, exc, params):
+        runtime.health.mark_down(exc)
+        raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable", retry_after=2)
+
+    return handle
+
+
+async def _unexpected(req, resp, exc, params):
+    if isinstance(exc, falcon.HTTPError):
+        raise exc
+    log.exception("unhandled error", extra={"route": req.uri_template})
+    raise falcon.HTTPInternalServerError(title="internal error")
+
+
+ROUTES = [
+    ("/v1/acquire", resources.Acquire),
+    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/heartbeat", resources.Heartbeat),
+    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/result", resources.Result),
+    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/release", resources.Release),
+    ("/v1/data/{digest}", resources.DataSet),
+    ("/v1/blobs/{sha256}", resources.Blob),
+    ("/v1/status", resources.StatusJson),
+    ("/status", resources.StatusPage),
+    ("/healthz", resources.Healthz),
+    ("/readyz", resources.Readyz),
+    ("/metrics", resources.Metrics),
+    ("/openapi.json", resources.OpenApi),
+]
+
+
+class ClientGone:
+    """ASGI wrapper: puts into each HTTP request's scope a coroutine function that returns once the
+    client has disconnected. Valid after the body was read (the server then has nothing else to
+    deliver): a parked acquire awaits it beside its ticket, so a closed connection frees its place."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            async def client_gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+
+            scope[resources.CLIENT_GONE] = client_gone
+        await self.app(scope, receive, send)
+
+
+def create_asgi(runtime) -> ClientGone:
+    """What the server runs (arbiter/server/asgi.py)."""
+    return ClientGone(create_app(runtime))
+
+
+def create_app(runtime) -> falcon.asgi.App:
+    app = falcon.asgi.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
+                                 OperatorAccess(runtime.settings.operator_token)])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(db.UNAVAILABLE, _database_unavailable(runtime))
+    for path, resource in ROUTES:
+        app.add_route(path, resource(runtime))
+    return app

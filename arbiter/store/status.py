@@ -1,0 +1,28 @@
+"""What the status endpoints and `judgectl status` report about the queue, at a cost that follows
+the live work, not the history (a site with ten years of submissions answers as fast as a new one)."""
+
+from __future__ import annotations
+
+from arbiter.store.sqlfiles import Statements
+
+OPS = Statements("operator.sql")
+
+
+def queue(cur) -> dict:
+    """Live work exactly (pending, judging), everything decided as an estimate. ``cur`` returns dicts.
+
+    Open canaries are counted apart: they are nobody's work.
+    """
+    live = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
+    canaries = live.pop("canaries")
+    total = cur.execute(OPS.status_rows_estimate).fetchone()["estimate"]
+    return {"queue": live, "canaries_open": canaries,
+            "decided_estimate": max(total - sum(live.values()) - canaries, 0)}
+
+
+def snapshot(cur) -> dict:
+    """The queue, the leases in flight, the workers and each worker's last canary, as the status
+    endpoints and judgectl show them."""
+    return {**queue(cur), "leases": cur.execute(OPS.status_leases).fetchall(),
+            "workers": cur.execute(OPS.status_workers).fetchall(),
+            "last_canaries": cur.execute(OPS.status_last_canaries).fetchall()}

@@ -1,0 +1,150 @@
+"""The durable outbox: every result is on disk, with its lease token, before any delivery attempt.
+
+Writes are atomic and durable: temp file, fsync, rename, fsync of the directory.
+A file that cannot be read back is moved to ``corrupt/`` with a log line and
+never stops the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+log = logging.getLogger("worker.outbox")
+
+
+@dataclass(frozen=True)
+class Entry:
+    transport: str  # "arbiter": delivered with lease_token; "direct": the legacy report
+    submission_id: int
+    verdict: str
+    lease_token: str | None = None
+    lease_gen: int | None = None
+    time_ms: int | None = None
+    memory_kb: int | None = None
+    detail: dict = field(default_factory=dict)
+    data_digest: str | None = None  # the test data judged with (recorded in the history row)
+    created_at: float = field(default_factory=time.time)
+    entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def filename(self) -> str:
+        return f"{int(self.created_at * 1000):015d}-{self.submission_id}-{self.entry_id}.json"
+
+    def with_minimal_detail(self, why: str) -> "Entry":
+        """The same result (verdict, time, memory, the failed test's number) without the rest of its detail."""
+        from worker.judging.detail_budget import minimal
+
+        return replace(self, detail=minimal(self.detail, why))
+
+    def result_payload(self) -> dict:
+        payload = {"lease_token": self.lease_token, "verdict": self.verdict, "time_ms": self.time_ms,
+                   "memory_kb": self.memory_kb, "detail": self.detail}
+        if self.data_digest:
+            payload["data_digest"] = self.data_digest
+        return payload
+
+
+def _read_entry(path: Path) -> Entry:
+    """An entry read back from its file; ValueError, TypeError or UnicodeDecodeError if it cannot be."""
+    entry = Entry(**json.loads(path.read_text(encoding="utf-8")))
+    if not isinstance(entry.submission_id, int) or not isinstance(entry.verdict, str):
+        raise ValueError("bad field types")
+    return entry
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Outbox:
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.corrupt_dir = self.directory / "corrupt"
+        self.rejected_dir = self.directory / "rejected"
+        # Judge slots write and deliver concurrently: pending() removes half-written files, which must
+        # never be another slot's write in progress.
+        self._lock = threading.Lock()
+
+    def put(self, entry: Entry) -> Path:
+        with self._lock:
+            return self._put(entry)
+
+    def _put(self, entry: Entry, directory: Path | None = None) -> Path:
+        directory = directory or self.directory
+        final = directory / entry.filename
+        tmp = directory / f".{entry.filename}.tmp"
+        data = json.dumps(asdict(entry), sort_keys=True).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+        return final
+
+    def pending(self) -> list[tuple[Path, Entry]]:
+        """Entries waiting for delivery, oldest first. Corrupt files are moved aside."""
+        with self._lock:
+            return self._pending()
+
+    def _pending(self) -> list[tuple[Path, Entry]]:
+        for stale in self.directory.glob(".*.tmp"):
+            # A crash between write and rename: the result was never complete, so it was never acknowledged.
+            log.warning("removing incomplete outbox write", extra={"file": stale.name})
+            stale.unlink(missing_ok=True)
+        entries = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                entry = _read_entry(path)
+            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+                self._move(path, self.corrupt_dir)
+                log.error("corrupt outbox file moved aside", extra={"file": path.name, "error": str(exc)[:200]})
+                continue
+            entries.append((path, entry))
+        return entries
+
+    def rewrite(self, path: Path, entry: Entry) -> Path:
+        """Replace the entry at ``path`` (in the outbox or in rejected/) with ``entry``: the same result
+        with a changed payload, atomically, in the same file."""
+        with self._lock:
+            assert path.name == entry.filename, "an entry keeps its file"
+            return self._put(entry, path.parent)
+
+    def rejected(self) -> list[tuple[Path, Entry | None]]:
+        """The entries kept in rejected/ (None for one that cannot be read), oldest first."""
+        found = []
+        for path in sorted(self.rejected_dir.glob("*.json")) if self.rejected_dir.is_dir() else []:
+            try:
+                found.append((path, _read_entry(path)))
+            except (ValueError, TypeError, UnicodeDecodeError):
+                found.append((path, None))
+        return found
+
+    def clear(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+
+    def reject(self, path: Path, reason: str) -> None:
+        """Keep an entry that can never be delivered (a bug, not an outage) for an operator to look at."""
+        self._move(path, self.rejected_dir)
+        log.error("outbox entry rejected", extra={"file": path.name, "reason": reason})
+
+    def _move(self, path: Path, directory: Path) -> None:
+        directory.mkdir(exist_ok=True, mode=0o700)
+        os.replace(path, directory / path.name)
+        _fsync_dir(self.directory)
+        _fsync_dir(directory)
