@@ -38,7 +38,7 @@ def test_the_checkout_keeps_every_contract():
     ("arbiter/store/leases.py", "from worker.delivery import outbox", "Nothing in the arbiter imports the worker"),
     ("arbiter/protocol/vocabulary.py", "from arbiter.store import sqlfiles", "The seam (arbiter.protocol) imports nothing"),
     ("arbiter/store/db.py", "from arbiter.server import metrics", "The arbiter in layers"),
-    ("arbiter/server/loops/tickets.py", "from arbiter.server.http import resources", "The server process in layers"),
+    ("arbiter/server/loops/tickets.py", "from arbiter.server.http import worker_api", "The server process in layers"),
     ("worker/sandbox/cgroups.py", "from worker.judging import judge", "The sandbox knows nothing of judging"),
 ], ids=["worker-imports-the-server", "worker-imports-the-store", "arbiter-imports-the-worker",
         "seam-imports-the-store", "store-imports-the-server", "loops-import-http", "sandbox-imports-judging"])

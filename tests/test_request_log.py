@@ -11,7 +11,8 @@ import falcon.asgi
 import falcon.testing
 import pytest
 
-from arbiter.server.http import resources
+from arbiter.server.http import operator_api, worker_api
+from arbiter.server.http.request_log import RequestLog
 
 
 class _Routine:
@@ -30,7 +31,7 @@ class _Other:
 
 @pytest.fixture
 def client():
-    app = falcon.asgi.App(middleware=[resources.RequestLog()])
+    app = falcon.asgi.App(middleware=[RequestLog()])
     app.add_route("/routine/{answer:int}", _Routine())
     app.add_route("/other", _Other())
     return falcon.testing.TestClient(app)
@@ -58,6 +59,6 @@ def test_routine_2xx_is_a_debug_line_and_everything_else_an_info_line(client, ca
 
 
 def test_the_routine_resources_are_exactly_a_workers_lease_traffic():
-    routine = {cls.__name__ for cls in vars(resources).values()
+    routine = {cls.__name__ for module in (worker_api, operator_api) for cls in vars(module).values()
                if isinstance(cls, type) and getattr(cls, "routine", False)}
     assert routine == {"Acquire", "Heartbeat", "Result"}

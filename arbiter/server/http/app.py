@@ -10,9 +10,10 @@ import logging
 import falcon
 import falcon.asgi
 
-from arbiter.server.http import resources
+from arbiter.server.http import base, operator_api, worker_api
 from arbiter.server.http.auth import WorkerAuth
 from arbiter.server.http.operator_access import OperatorAccess
+from arbiter.server.http.request_log import RequestLog
 from arbiter.store import db
 
 log = logging.getLogger("arbiter.app")
@@ -49,18 +50,18 @@ async def _unexpected(req, resp, exc, params):
 
 
 ROUTES = [
-    ("/v1/acquire", resources.Acquire),
-    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/heartbeat", resources.Heartbeat),
-    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/result", resources.Result),
-    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/release", resources.Release),
-    ("/v1/data/{digest}", resources.DataSet),
-    ("/v1/blobs/{sha256}", resources.Blob),
-    ("/v1/status", resources.StatusJson),
-    ("/status", resources.StatusPage),
-    ("/healthz", resources.Healthz),
-    ("/readyz", resources.Readyz),
-    ("/metrics", resources.Metrics),
-    ("/openapi.json", resources.OpenApi),
+    ("/v1/acquire", worker_api.Acquire),
+    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/heartbeat", worker_api.Heartbeat),
+    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/result", worker_api.Result),
+    ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/release", worker_api.Release),
+    ("/v1/data/{digest}", worker_api.DataSet),
+    ("/v1/blobs/{sha256}", worker_api.Blob),
+    ("/v1/status", operator_api.StatusJson),
+    ("/status", operator_api.StatusPage),
+    ("/healthz", operator_api.Healthz),
+    ("/readyz", operator_api.Readyz),
+    ("/metrics", operator_api.Metrics),
+    ("/openapi.json", operator_api.OpenApi),
 ]
 
 
@@ -78,7 +79,7 @@ class ClientGone:
                 while (await receive())["type"] != "http.disconnect":
                     pass
 
-            scope[resources.CLIENT_GONE] = client_gone
+            scope[base.CLIENT_GONE] = client_gone
         await self.app(scope, receive, send)
 
 
@@ -88,7 +89,7 @@ def create_asgi(runtime) -> ClientGone:
 
 
 def create_app(runtime) -> falcon.asgi.App:
-    app = falcon.asgi.App(middleware=[resources.RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
+    app = falcon.asgi.App(middleware=[RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
                                  OperatorAccess(runtime.settings.operator_token)])
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)

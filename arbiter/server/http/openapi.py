@@ -236,7 +236,7 @@ def build_spec(settings) -> dict:
                                            "(a longer wait is served as that)")
     # What a client must stay within, published so that a worker's detail budget and this arbiter's
     # limits cannot drift apart unnoticed (tests/test_verdict_delivery.py reads them from here).
-    from arbiter.server.http.resources import MAX_JSON_DEPTH
+    from arbiter.server.http.base import MAX_JSON_DEPTH
     from arbiter.server.serving import MAX_HEADER_BYTES
     from arbiter.store.leases import MAX_SOURCE_BYTES
 

@@ -1,0 +1,7 @@
+"""``python -m arbiter.ctl``: judgectl."""
+
+import sys
+
+from arbiter.ctl.main import main
+
+sys.exit(main())

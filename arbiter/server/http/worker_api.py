@@ -1,0 +1,245 @@
+"""The workers' API: acquire (long-poll), heartbeat, result, release, and the test data and checker
+blobs a worker fetches. Each resource is small: validate, call one state-machine function, map the
+outcome (docs/protocol.md). ``urgent = True`` puts a resource's calls on the database lane that parked
+or queued acquires never use (heartbeats, results, releases)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import falcon
+
+from arbiter.server.http.base import CLIENT_GONE, DIGEST, REQUEST_ID, Resource, field, json_reply, log, unavailable
+from arbiter.server.loops.tickets import Overloaded, Stopping, Ticket, TooManyParked
+from arbiter.server.metrics import METRICS
+from arbiter.store import leases, testblobs
+from arbiter.store.leases import WriteOutcome
+
+
+def _check_digest(value: str, what: str) -> None:
+    if not DIGEST.fullmatch(value):
+        raise falcon.HTTPBadRequest(title="malformed request", description=f"{what} is 64 hex digits")
+
+
+class DataSet(Resource):
+    """The files of a test-data set (by its digest): what a worker fetches to judge with it."""
+    auth = True
+
+    async def on_get(self, req, resp, digest: str):
+        _check_digest(digest, "a data digest")
+        files = await self.db(testblobs.data_set, digest=digest)
+        if not files:
+            raise falcon.HTTPNotFound(title="unknown data set", description=f"no test data stored as {digest}")
+        json_reply(resp, falcon.HTTP_200, {"digest": digest, "files": files})
+
+
+class Blob(Resource):
+    """One stored test-data file by its SHA-256, streamed chunk by chunk; ``Range: bytes=N-`` resumes."""
+    auth = True
+
+    async def on_get(self, req, resp, sha256: str):
+        _check_digest(sha256, "a file's sha256")
+        size = await self.db(testblobs.blob_size, sha256=sha256)
+        if size is None:
+            raise falcon.HTTPNotFound(title="unknown file", description=f"no test-data file stored as {sha256}")
+        first, last = 0, size - 1
+        wanted = req.range  # (first, last), last -1 for "N-"; (-n, -1) for the last n bytes
+        if wanted is not None:
+            if req.range_unit != "bytes":
+                raise falcon.HTTPRangeNotSatisfiable(size)
+            first, last = wanted
+            if first < 0:
+                first, last = max(size + first, 0), size - 1
+            elif last < 0 or last >= size:
+                last = size - 1
+            if first >= size and size > 0 or first > last + 1:
+                raise falcon.HTTPRangeNotSatisfiable(size)
+            resp.status = falcon.HTTP_206
+            resp.set_header("Content-Range", f"bytes {first}-{last}/{size}")
+        resp.content_type = "application/octet-stream"
+        resp.set_header("Accept-Ranges", "bytes")
+        resp.content_length = max(last - first + 1, 0)
+        resp.stream = self._chunks(sha256, first, last + 1)
+
+    async def _chunks(self, sha256: str, start: int, end: int):
+        chunk = testblobs.CHUNK_BYTES
+        seq, skip = divmod(start, chunk)
+        position = start
+        while position < end:
+            data = await self.db(testblobs.blob_chunk, sha256=sha256, seq=seq)
+            piece = data[skip:skip + (end - position)]
+            yield piece
+            position += len(piece)
+            seq, skip = seq + 1, 0
+
+
+class Acquire(Resource):
+    routine = True
+    auth = True
+
+    async def on_post(self, req, resp):
+        worker = req.context.worker
+        body = await self.read_json(req)
+        request_id = field(body, "request_id", str)
+        if not REQUEST_ID.fullmatch(request_id):
+            raise falcon.HTTPBadRequest(title="malformed request",
+                                        description="request_id must be 1-128 chars of A-Z a-z 0-9 . _ : -")
+        wanted = field(body, "languages", list, required=False, default=list(worker.languages))
+        if not all(isinstance(x, str) for x in wanted) or not set(wanted) <= leases.LANGUAGES:
+            raise falcon.HTTPUnprocessableEntity(title="unknown language",
+                                                 description=f"languages must be among {sorted(leases.LANGUAGES)}")
+        languages = tuple(sorted(set(wanted) & set(worker.languages)))
+        slot = field(body, "slot", int, required=False, default=0)
+        if not 0 <= slot < worker.slots:
+            raise falcon.HTTPUnprocessableEntity(
+                title="unknown slot", description=f"slot must be 0..{worker.slots - 1}: this worker is registered "
+                                                  f"with {worker.slots} slot(s) (judgectl worker ensure --slots)")
+        wait = field(body, "wait_secs", float, required=False, default=self.settings.long_poll_max_secs)
+        if not 0 <= wait < math.inf:
+            raise falcon.HTTPBadRequest(title="malformed request", description="wait_secs must be a number >= 0")
+        # A longer wait than this arbiter allows is served as its longest: a worker configured for a
+        # longer long-poll than the arbiter (a config mismatch) still gets work instead of 400 forever.
+        wait = min(wait, self.settings.long_poll_max_secs)
+        earlier = await self.db(leases.find_grant, worker_id=worker.worker_id, request_id=request_id)
+        if earlier is not None:
+            state, lease = earlier
+            METRICS.inc("arbiter_acquires_total", outcome=f"retry_{state.value}")
+            if state is leases.GrantState.LIVE:
+                return json_reply(resp, falcon.HTTP_200, lease.as_json())
+            raise falcon.HTTPGone(title="lease gone",
+                                  description="this request_id was served and its lease is no longer live; "
+                                              "acquire with a new request_id")
+        if not self.runtime.leader.is_leader:
+            raise unavailable("this arbiter is not the leader", int(self.settings.leader_retry_secs) or 1)
+        if not languages:
+            raise falcon.HTTPUnprocessableEntity(title="no language", description="no language in common with "
+                                                 "the worker's registered languages")
+        ticket = Ticket(worker=worker, request_id=request_id, languages=languages, slot=slot)
+        try:
+            self.runtime.dispatcher.park(ticket)
+        except Stopping:
+            METRICS.inc("arbiter_acquires_total", outcome="stopping")
+            raise unavailable("this arbiter is stopping", 1) from None
+        except Overloaded:
+            METRICS.inc("arbiter_acquires_total", outcome="overloaded")
+            raise unavailable("too many parked acquire requests", 1) from None
+        except TooManyParked:
+            METRICS.inc("arbiter_acquires_total", outcome="worker_parking_full")
+            raise falcon.HTTPTooManyRequests(
+                title="too many parked requests",
+                description=f"this worker already has {self.settings.max_parked_per_worker * worker.slots} acquire "
+                            "requests parked; wait for one to be answered", retry_after=1) from None
+        try:
+            await _until_answered_or_gone(ticket, wait, req.scope.get(CLIENT_GONE))
+        finally:
+            lease = await self.runtime.dispatcher.unpark_async(ticket)
+        if lease is not None:
+            METRICS.inc("arbiter_acquires_total", outcome="leased")
+            return json_reply(resp, falcon.HTTP_200, lease.as_json())
+        if not self.runtime.leader.is_leader:
+            raise unavailable("this arbiter lost leadership", int(self.settings.leader_retry_secs) or 1)
+        METRICS.inc("arbiter_acquires_total", outcome="nothing")
+        resp.status = falcon.HTTP_204
+
+
+async def _until_answered_or_gone(ticket: Ticket, wait: float, client_gone) -> None:
+    """Wait for the ticket's signal, at most ``wait`` seconds, or until the client disconnects (so a
+    worker that went away frees its parking place now, not when its long-poll would have ended)."""
+    answered = asyncio.ensure_future(ticket.event.wait_async(wait))
+    watchers = {answered}
+    if client_gone is not None:
+        watchers.add(asyncio.ensure_future(client_gone()))
+    try:
+        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in watchers:
+            task.cancel()
+
+
+def _outcome_error(outcome: WriteOutcome, what: str):
+    if outcome is WriteOutcome.GONE:
+        return falcon.HTTPGone(title="lease gone", description=f"this lease is no longer current; the {what} "
+                               "was not recorded")
+    if outcome is WriteOutcome.NOT_YOURS:
+        return falcon.HTTPForbidden(title="not your lease", description="the lease belongs to another worker")
+    return falcon.HTTPNotFound(title="no such submission")
+
+
+class Heartbeat(Resource):
+    routine = True
+    auth = True
+    urgent = True
+
+    async def on_post(self, req, resp, submission_id: int):
+        body = await self.read_json(req)
+        token = field(body, "lease_token", str)
+        result = await self.db(leases.heartbeat, worker_id=req.context.worker.worker_id,
+                               submission_id=submission_id, lease_token=token, lease_secs=self.settings.lease_secs)
+        METRICS.inc("arbiter_heartbeats_total", outcome=result.outcome.value)
+        if result.outcome is not WriteOutcome.ACCEPTED:
+            raise _outcome_error(result.outcome, "heartbeat")
+        json_reply(resp, falcon.HTTP_200, {"submission_id": submission_id, "expires_at": result.expires_at.isoformat()})
+
+
+class Release(Resource):
+    """The holder hands its lease back: the submission is pending again at once (or system_error once
+    released max_releases times), instead of waiting out the lease."""
+
+    auth = True
+    urgent = True
+
+    async def on_post(self, req, resp, submission_id: int):
+        body = await self.read_json(req)
+        token = field(body, "lease_token", str)
+        reason = field(body, "reason", str, required=False, default="")
+        if len(reason) > 500:
+            raise falcon.HTTPBadRequest(title="malformed request", description="reason longer than 500 characters")
+        worker = req.context.worker
+        result = await self.db(leases.release, worker_id=worker.worker_id, submission_id=submission_id,
+                               lease_token=token, reason=reason, max_releases=self.settings.max_releases)
+        METRICS.inc("arbiter_releases_total", outcome=result.outcome.value)
+        if result.outcome is not WriteOutcome.ACCEPTED:
+            raise _outcome_error(result.outcome, "release")
+        log.info("lease released", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
+                                          "status": result.status, "reason": reason})
+        json_reply(resp, falcon.HTTP_200, {"submission_id": submission_id, "status": result.status})
+
+
+class Result(Resource):
+    routine = True
+    # A refusal here that no retry can fix leaves a verdict in the worker's outbox/rejected/: counted
+    # apart (arbiter_results_refused_total) for the alert JudgeResultRefused.
+    counts_refusals = True
+    auth = True
+    urgent = True
+
+    async def on_post(self, req, resp, submission_id: int):
+        body = await self.read_json(req)
+        token = field(body, "lease_token", str)
+        verdict = field(body, "verdict", str)
+        if verdict not in leases.VERDICTS:
+            raise falcon.HTTPUnprocessableEntity(title="unknown verdict",
+                                                 description=f"verdict must be one of {sorted(leases.VERDICTS)}")
+        time_ms = field(body, "time_ms", int, required=False)
+        memory_kb = field(body, "memory_kb", int, required=False)
+        detail = field(body, "detail", dict, required=False, default={})
+        data_digest = field(body, "data_digest", str, required=False)
+        if data_digest is not None and not DIGEST.fullmatch(data_digest):
+            raise falcon.HTTPBadRequest(title="malformed request", description="data_digest must be 64 hex digits")
+        for name, value in (("time_ms", time_ms), ("memory_kb", memory_kb)):
+            if value is not None and not 0 <= value < 2**31:
+                raise falcon.HTTPBadRequest(title="malformed request", description=f"{name} out of range")
+        worker = req.context.worker
+        record = await self.db(leases.record_result, worker_id=worker.worker_id, submission_id=submission_id,
+                               lease_token=token, verdict=verdict, time_ms=time_ms, memory_kb=memory_kb,
+                               detail=detail, data_digest=data_digest)
+        METRICS.inc("arbiter_results_total", outcome=record.outcome.value)
+        if record.outcome not in (WriteOutcome.ACCEPTED, WriteOutcome.DUPLICATE):
+            log.info("result refused", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
+                                              "outcome": record.outcome.value})
+            raise _outcome_error(record.outcome, "result")
+        log.info("result received", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
+                                           "verdict": record.verdict, "duplicate": record.outcome is WriteOutcome.DUPLICATE})
+        # A repeat of the same token answers exactly as the first time.
+        json_reply(resp, falcon.HTTP_200, {"submission_id": submission_id, "verdict": record.verdict, "status": "received"})
