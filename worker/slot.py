@@ -23,6 +23,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from arbiter.protocol.vocabulary import VerdictCode
 from worker import faults
 from worker.backoff import Backoff
 from worker.errors import WorkerError
@@ -245,7 +246,7 @@ class JudgeSlot:
                 return None
             self._log(logging.ERROR, "sandbox keeps failing; reporting system_error",
                       submission_id=job.submission_id, error=str(exc)[:300])
-            return Verdict("system_error", detail={"reason": f"sandbox failure: {exc}"})
+            return Verdict(VerdictCode.system_error, detail={"reason": f"sandbox failure: {exc}"})
         except CannotJudgeHere as exc:
             if assignment.lease_token is not None:
                 self._hand_back(assignment, keepalive, "cannot judge this submission here", str(exc))
@@ -256,10 +257,10 @@ class JudgeSlot:
                 return None
             self._log(logging.ERROR, "cannot judge this submission here; reporting system_error",
                       submission_id=job.submission_id, reason=str(exc)[:300])
-            return Verdict("system_error", detail={"reason": str(exc)})
+            return Verdict(VerdictCode.system_error, detail={"reason": str(exc)})
         except Exception as exc:  # noqa: BLE001 - a judge bug must not lose the lease silently
             log.exception("judge failed", extra={**self.tag, "submission_id": job.submission_id})
-            return Verdict("system_error", detail={"reason": f"judge error: {type(exc).__name__}"})
+            return Verdict(VerdictCode.system_error, detail={"reason": f"judge error: {type(exc).__name__}"})
 
     def run(self) -> None:
         """The slot's loop until the worker stops (a thread of its own when there are several)."""

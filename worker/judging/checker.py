@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from arbiter.protocol.vocabulary import VerdictCode
 from worker.errors import WorkerError
 from worker.sandbox.runner import Limits, Sandbox, SandboxFailure, limits_for_compile, storable_text
 
@@ -132,11 +133,11 @@ class Checkers:
             shutil.rmtree(box, ignore_errors=True)
         message = (result.stderr_tail or "").strip()[-MESSAGE_CHARS:]
         if result.wall_timeout or result.cpu_ms > self.limits.cpu_ms:
-            return CheckerOutcome("system_error", f"checker exceeded its time limit; {message}".strip("; "))
+            return CheckerOutcome(VerdictCode.system_error, f"checker exceeded its time limit; {message}".strip("; "))
         if result.signal is not None:
-            return CheckerOutcome("system_error", f"checker killed by signal {result.signal}; {message}".strip("; "))
+            return CheckerOutcome(VerdictCode.system_error, f"checker killed by signal {result.signal}; {message}".strip("; "))
         if result.exit_code == 0:
-            return CheckerOutcome("AC", message)
+            return CheckerOutcome(VerdictCode.AC, message)
         if result.exit_code in (1, 2):
-            return CheckerOutcome("WA", message)
-        return CheckerOutcome("system_error", f"checker exit {result.exit_code}; {message}".strip("; "))
+            return CheckerOutcome(VerdictCode.WA, message)
+        return CheckerOutcome(VerdictCode.system_error, f"checker exit {result.exit_code}; {message}".strip("; "))

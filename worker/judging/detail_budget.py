@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+from arbiter.protocol.vocabulary import VerdictCode
+
 DETAIL_BUDGET_BYTES = 64 * 1024
 NEIGHBOURS = 2  # rows kept on each side of the failed test
 TEXT_KEYS = ("compiler_output", "stderr_tail", "reason")
@@ -71,13 +73,13 @@ def compact_rows(rows: list, failed_test) -> list:
         if len(run) == 1:
             out.append(run[0])
         else:
-            out.append({"tests": f"{run[0]['test']}-{run[-1]['test']}", "count": len(run), "verdict": "AC",
+            out.append({"tests": f"{run[0]['test']}-{run[-1]['test']}", "count": len(run), "verdict": VerdictCode.AC,
                         **{f"max_{key}": max(r.get(key) or 0 for r in run)
                            for key in ("time_ms", "wall_ms", "memory_kb")}})
         run.clear()
 
     for position, row in enumerate(rows):
-        passed = isinstance(row, dict) and row.get("verdict") == "AC" and isinstance(row.get("test"), int)
+        passed = isinstance(row, dict) and row.get("verdict") == VerdictCode.AC and isinstance(row.get("test"), int)
         if passed and position > 0 and row["test"] not in keep_near:
             run.append(row)
             continue

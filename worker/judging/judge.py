@@ -20,6 +20,7 @@ from pathlib import Path
 
 from arbiter.protocol.compare import Comparer, ComparerError, outputs_match, parse_comparer
 from arbiter.protocol.testdata import DigestCache
+from arbiter.protocol.vocabulary import VerdictCode
 from worker.errors import WorkerError
 from worker.judging import detail_budget
 from worker.judging.checker import CheckerBroken, Checkers, CheckerUnusable
@@ -182,7 +183,7 @@ class Judge:
             except CheckerUnusable as exc:
                 raise CannotJudgeHere(str(exc)) from None
             except CheckerBroken as exc:
-                return Verdict("system_error", detail={"reason": str(exc)})
+                return Verdict(VerdictCode.system_error, detail={"reason": str(exc)})
         spec = LANGUAGES[job.language]
         run_dir = self.work_dir / f"s{job.submission_id}-{os.getpid()}-{threading.get_ident()}"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -212,7 +213,7 @@ class Judge:
             raise SandboxFailure(f"the compiler {spec['compile'][0]} could not be executed: {message.strip()[:300]}")
         if result.wall_timeout or result.signal:
             message += f"\n(compiler stopped: {'time limit' if result.wall_timeout else signal.Signals(result.signal).name})"
-        return Verdict("CE", detail={"compiler_output": message})
+        return Verdict(VerdictCode.CE, detail={"compiler_output": message})
 
     def _run_tests(self, spec, job: Job, tests, box: Path, run_dir: Path, cancelled, comparer: Comparer,
                    checker: Path | None) -> Verdict:
@@ -245,33 +246,33 @@ class Judge:
                     raise JudgeCancelled()
                 verdict, message = outcome.verdict, outcome.message
             elif verdict is None:
-                verdict = "AC" if outputs_match(comparer, expected, out_path) else "WA"
+                verdict = VerdictCode.AC if outputs_match(comparer, expected, out_path) else VerdictCode.WA
             worst_time = max(worst_time, result.cpu_ms)
             worst_memory = max(worst_memory, result.memory_kb)
             per_test.append({"test": index, "verdict": verdict, "time_ms": result.cpu_ms,
                              "wall_ms": result.wall_ms, "memory_kb": result.memory_kb})
             if message:
                 per_test[-1]["checker_message"] = message
-            if verdict == "system_error":
+            if verdict == VerdictCode.system_error:
                 # The checker failed, not the program: nothing about the submission is decided.
-                return Verdict("system_error", detail={"tests": per_test, "failed_test": index,
+                return Verdict(VerdictCode.system_error, detail={"tests": per_test, "failed_test": index,
                                                        "reason": f"test {index}: {message}"})
-            if verdict != "AC":
+            if verdict != VerdictCode.AC:
                 failed = {"tests": per_test, "failed_test": index}
                 if result.stderr_tail:
                     failed["stderr_tail"] = result.stderr_tail[-STDERR_DETAIL_CHARS:]
                 return Verdict(verdict, worst_time, worst_memory, failed)
-        return Verdict("AC", worst_time, worst_memory, {"tests": per_test})
+        return Verdict(VerdictCode.AC, worst_time, worst_memory, {"tests": per_test})
 
     @staticmethod
     def _classify(result: RunResult, limits: Limits) -> str | None:
         """The verdict the run itself decides, or None: its output is to be compared."""
         if result.cpu_ms > limits.cpu_ms or result.wall_timeout or result.signal == signal.SIGXCPU:
-            return "TLE"
+            return VerdictCode.TLE
         if result.output_exceeded:
-            return "OLE"
+            return VerdictCode.OLE
         if result.oom_killed or result.memory_kb > limits.memory_kb:
-            return "MLE"
+            return VerdictCode.MLE
         if result.signal is not None or result.exit_code != 0:
-            return "RE"
+            return VerdictCode.RE
         return None
