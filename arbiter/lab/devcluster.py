@@ -1,9 +1,9 @@
 """A throwaway PostgreSQL server for tests, the local lab and benchmarks.
 
 Order of preference, as the test harness rules say:
-1. a Docker engine is reachable -> testcontainers (``postgres`` image);
-2. the system's ``initdb``/``pg_ctl`` (run as the ``postgres`` OS user when we are root);
-3. the binaries shipped by the ``pgserver`` wheel.
+1. a Docker engine is reachable -> testcontainers (``postgres`` image; the ``lab`` extra);
+2. the system's ``initdb``/``pg_ctl`` (run as the ``postgres`` OS user when we are root; Debian's
+   ``postgresql``, which .ci/setup installs).
 A cluster made here is ours alone: it may be stopped, killed and restarted.
 """
 
@@ -69,12 +69,7 @@ def find_pg_bindir() -> Path | None:
     initdb = shutil.which("initdb")
     if initdb:
         return Path(os.path.realpath(initdb)).parent
-    try:
-        import pgserver  # type: ignore[import-not-found]
-
-        return Path(pgserver.POSTGRES_BIN_PATH)
-    except Exception:  # noqa: BLE001 - the wheel is an optional fallback
-        return None
+    return None
 
 
 def docker_reachable() -> bool:
@@ -103,7 +98,7 @@ class LocalCluster:
                  settings: dict[str, str] | None = None):
         bindir = find_pg_bindir()
         if bindir is None:
-            raise ClusterError("no PostgreSQL binaries found (install postgresql, or pip install pgserver)")
+            raise ClusterError("no PostgreSQL server binaries found (apt install postgresql), and no Docker engine")
         self.bindir = bindir
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="judge-pg-"))
         self.data_dir = self.base_dir / "data"
