@@ -55,7 +55,8 @@ FROM leased JOIN problems p ON p.id = leased.problem_id;
 
 -- name: acquire_leases
 -- arrow: pending -> judging for up to K parked requests at once (batch dispatch), the same arrow as
--- acquire_lease: new token, gen+1, attempts+1, short unconfirmed expiry, a grant row each.
+-- acquire_lease: new token, gen+1, attempts+1, short unconfirmed expiry, a grant row each. Its SET
+-- list is acquire_lease's on purpose (the same arrow, two statements: one request, or a round's batch).
 -- The requests (worker_ids[i], request_ids[i], slots[i]) come in the dispatcher's fairness order and share
 -- one language set; the i-th oldest claimable unpinned submission (canaries first) goes to the
 -- i-th request. Pinned canaries are left to acquire_lease, which looks at one worker's pins.

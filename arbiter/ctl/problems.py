@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 
 from arbiter.ctl.common import OPS, CtlError
+
 # The seam's own digest and comparer parser: what judgectl stores is exactly what a worker accepts.
 from arbiter.protocol import testdata
 from arbiter.protocol.compare import ComparerError, parse_comparer

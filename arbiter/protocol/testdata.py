@@ -24,7 +24,8 @@ class FileEntry:
     sha256: str
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's SHA-256, read in 1 MiB pieces: how test data, checkers and fetched files are named."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -45,7 +46,7 @@ def _files(directory: Path) -> list[Path]:
 
 def manifest(directory: str | os.PathLike) -> list[FileEntry]:
     d = Path(directory)
-    return [FileEntry(p.relative_to(d).as_posix(), p.stat().st_size, _file_sha256(p)) for p in _files(d)]
+    return [FileEntry(p.relative_to(d).as_posix(), p.stat().st_size, file_sha256(p)) for p in _files(d)]
 
 
 def digest_of(entries: list[FileEntry]) -> str:

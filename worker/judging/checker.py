@@ -11,7 +11,6 @@ failure, never the contestant's: the submission gets system_error with the check
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from arbiter.protocol.testdata import file_sha256
 from arbiter.protocol.vocabulary import VerdictCode
 from worker.errors import WorkerError
 from worker.sandbox.runner import Limits, Sandbox, SandboxFailure, limits_for_compile, storable_text
@@ -45,14 +45,6 @@ class CheckerOutcome:
     message: str
 
 
-def source_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _place(src: Path, dst: Path) -> None:
     """A hard link where it can be (no copy of a large input), else a copy."""
     try:
@@ -76,7 +68,7 @@ class Checkers:
         source = tests_dir / CHECKER_SOURCE
         if not source.is_file():
             raise CheckerUnusable(f"the problem's checker {source} is missing")
-        digest = source_digest(source)
+        digest = file_sha256(source)
         if digest != expected_sha256:
             raise CheckerUnusable(f"the checker {source} here (sha256 {digest[:12]}) is not the problem's "
                                   f"(sha256 {expected_sha256[:12]})")

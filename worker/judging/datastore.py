@@ -22,6 +22,7 @@ import shutil
 import threading
 from pathlib import Path
 
+from arbiter.protocol.testdata import file_sha256
 from worker.delivery.http_client import ArbiterClient, Unreachable
 from worker.errors import WorkerError
 
@@ -32,14 +33,6 @@ READ_BYTES = 64 * 1024
 
 class DataUnavailable(WorkerError):
     """The data set cannot be had now (arbiter unreachable, unknown digest, a file that does not verify)."""
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _safe_relative(path: str) -> bool:
@@ -130,7 +123,7 @@ class DataStore:
         if self.prewarmed_dir is not None:
             shipped = self.prewarmed_dir / str(problem_id) / entry["path"]
             try:
-                if shipped.is_file() and shipped.stat().st_size == entry["size"] and _sha256_of(shipped) == entry["sha256"]:
+                if shipped.is_file() and shipped.stat().st_size == entry["size"] and file_sha256(shipped) == entry["sha256"]:
                     tmp = blob.with_name(blob.name + ".copy")
                     shutil.copyfile(shipped, tmp)
                     os.replace(tmp, blob)
