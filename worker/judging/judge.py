@@ -57,10 +57,6 @@ class Verdict:
     detail: dict = field(default_factory=dict)
     data_digest: str | None = None  # the digest of the test data this verdict was judged with
 
-    def as_result(self) -> dict:
-        return {"verdict": self.verdict, "time_ms": self.time_ms, "memory_kb": self.memory_kb, "detail": self.detail,
-                "data_digest": self.data_digest}
-
 
 @dataclass(frozen=True)
 class Job:
