@@ -24,6 +24,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ansible" / "lab"))
 import netlab  # noqa: E402  (a script, not a package)
 
+# Each test first waits for another run's lab in use (up to 1,500 s, as the cutover test does): the
+# suite's per-test limit (300 s) would otherwise end the wait (seen with two runs on one machine).
+pytestmark = pytest.mark.timeout(1500 + 300)
+
 
 def _links() -> str:
     return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
