@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
+from sections import markers, publish  # noqa: E402  (bench/ is the script's directory)
 
 from worker.judging.judge import Job, Judge  # noqa: E402
 from worker.sandbox import cgroups  # noqa: E402
@@ -269,10 +269,7 @@ def main() -> int:
         if overhead > 5 else "The per-test overhead is within the goal of issue #14 (≤ 5 ms over a bare exec).",
         END,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, "judge.py", text)
+    publish(args.write, "judge.py", lines)
     return 0
 
 

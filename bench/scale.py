@@ -559,6 +559,8 @@ async def measure(site: Site, work: Path, beats: int, say, only: str) -> dict:
     return results
 
 
+# Each part below prints its own table; (h) and (i) have the same shape with other measurements, and
+# stay two functions so that each table's columns read beside what fills them.
 async def _capacity(site, work, beats, say, results) -> None:
     say("## (h) parked capacity: long-polls parked with default settings, heartbeats meanwhile")
     say()

@@ -32,3 +32,11 @@ def write_section(path: str | Path, script: str, text: str) -> None:
     else:
         new = old.rstrip("\n") + "\n\n" + text
     path.write_text(new)
+
+
+def publish(path: str | Path | None, script: str, lines: list[str]) -> None:
+    """Print a finished section (its lines, markers included) and, given a path, write it there."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path:
+        write_section(path, script, text)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sections import markers, write_section  # noqa: E402  (bench/ is the script's directory)
+from sections import markers, publish  # noqa: E402  (bench/ is the script's directory)
 
 from worker.config import slot_cpus_for  # noqa: E402
 from worker.sandbox.runner import Limits, Sandbox  # noqa: E402
@@ -141,10 +141,7 @@ def main() -> int:
          "every busy CPU slows the others' caches and memory bandwidth), not the sandbox's."),
         END,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, "slots.py", text)
+    publish(args.write, "slots.py", lines)
     return 0
 
 

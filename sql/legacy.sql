@@ -68,7 +68,7 @@ WHERE id = 1;
 -- name: report_result
 -- The first-pass and XP tail is queries.sql's record_result's, on purpose: each scheme's report is one
 -- statement (one transaction) of its own file, and SQL cannot share a CTE between two statements.
--- The cutover test checks, with both schemes judging, that XP matches first passes (tests/checks.py).
+-- The cutover test checks, with both schemes judging, that XP matches first passes (tests/support/checks.py).
 WITH decided AS (
     UPDATE submissions
     SET status = %(verdict)s, judged_at = now()

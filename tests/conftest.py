@@ -115,7 +115,7 @@ def own_cluster():
 
 @pytest.fixture
 def arbiters(tmp_path):
-    from procs import Arbiters
+    from support.procs import Arbiters
 
     group = Arbiters(tmp_path)
     yield group
@@ -124,7 +124,7 @@ def arbiters(tmp_path):
 
 @pytest.fixture
 def workers(tmp_path):
-    from procs import WorkerProcess
+    from support.procs import WorkerProcess
 
     started: list = []
 

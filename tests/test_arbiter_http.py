@@ -11,8 +11,8 @@ import time
 import uuid
 
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker, wait_for
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker, wait_for
 
 from worker.delivery.http_client import ArbiterClient
 
@@ -421,7 +421,7 @@ def test_openapi_document_matches_the_routes(world):
 
 
 def test_a_worker_told_429_waits_as_told_and_logs_no_error(db, arbiters, workers, tmp_path):
-    from procs import aplusb_site, request_bytes
+    from support.procs import aplusb_site, request_bytes
 
     site = aplusb_site(db, tmp_path)
     a = arbiters.start(db.dsn, max_parked_per_worker=1, long_poll_max_secs=10.0)

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from procs import sandbox_work_dir
+from support.procs import sandbox_work_dir
 
 from worker.sandbox.box import TRANSITIONS, BoxState, BoxStateError, next_state
 from worker.sandbox.runner import Limits, Sandbox, SandboxFailure

@@ -8,8 +8,8 @@ import time
 
 import psycopg
 import pytest
-from fixtures_data import seed_problem, seed_submissions, seed_user
-from procs import WorkerProcess, add_worker, aplusb_site, direct_transport, wait_for
+from support.fixtures_data import seed_problem, seed_submissions, seed_user
+from support.procs import WorkerProcess, add_worker, aplusb_site, direct_transport, wait_for
 
 from arbiter.store import canary, leases, status
 from worker.delivery.http_client import ArbiterClient

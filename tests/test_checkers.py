@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from procs import sandbox_work_dir, write_testdata
+from support.procs import sandbox_work_dir, write_testdata
 
 from arbiter.protocol.compare import ComparerError, floats_close, lines_equal, parse_comparer, tokens_equal
 from worker.judging.judge import CannotJudgeHere, Job, Judge
@@ -153,7 +153,7 @@ def judgectl(db, *args):
 
 
 def test_judgectl_sets_the_comparer_and_the_checker_digest_and_the_lease_carries_them(db, tmp_path):
-    from procs import add_worker
+    from support.procs import add_worker
 
     from arbiter.store import leases
 

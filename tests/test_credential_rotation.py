@@ -13,8 +13,8 @@ import time
 import uuid
 
 import pytest
-from procs import aplusb_site, wait_for
-from programs import PROGRAMS
+from support.procs import aplusb_site, wait_for
+from support.programs import PROGRAMS
 
 from arbiter.store import credentials, leases
 from worker.credential_file import CredentialError, CredentialFile

@@ -13,8 +13,8 @@ import sys
 import urllib.request
 
 import pytest
-from procs import aplusb_site, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from support.procs import aplusb_site, wait_for, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
 
 from arbiter.protocol import testdata
 from arbiter.store import leases

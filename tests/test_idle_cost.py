@@ -11,8 +11,8 @@ import uuid
 
 import psycopg
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from procs import FAST, add_worker, request_bytes, wait_for
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import FAST, add_worker, request_bytes, wait_for
 
 from arbiter.lab import devcluster
 from arbiter.server.config import ArbiterSettings

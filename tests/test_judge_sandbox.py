@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from procs import sandbox_work_dir, wait_for, write_testdata
-from programs import (
+from support.procs import sandbox_work_dir, wait_for, write_testdata
+from support.programs import (
     APLUSB_TESTS,
     FORK_BOMB_C,
     FORK_BOMB_PY,
@@ -20,7 +20,7 @@ from programs import (
     network_probe_c,
     network_probe_py,
 )
-from sandbox_faults import PrivateSandbox
+from support.sandbox_faults import PrivateSandbox
 
 from worker.judging.judge import Job, Judge, tokens_equal
 from worker.sandbox.runner import Sandbox

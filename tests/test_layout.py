@@ -84,3 +84,12 @@ def test_nothing_in_the_repository_points_outside_it():
         if "../shared" in text or "DESIGN.md" in text:
             outside.append(name)
     assert outside == []
+
+
+def test_test_helpers_live_in_tests_support():
+    """The suite's top level holds its conftest and test modules; every shared helper is in
+    tests/support/ (and test-only code is never in arbiter/ or worker/)."""
+    helpers = sorted(p.name for p in (REPO / "tests").glob("*.py")
+                     if p.name != "conftest.py" and not p.name.startswith("test_"))
+    assert helpers == [], helpers
+    assert (REPO / "tests" / "support" / "__init__.py").exists()

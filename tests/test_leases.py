@@ -4,7 +4,7 @@ import uuid
 
 import psycopg
 import pytest
-from fixtures_data import seed_problem, seed_submissions
+from support.fixtures_data import seed_problem, seed_submissions
 
 from arbiter.server.config import ArbiterSettings
 from arbiter.store import leases
@@ -308,7 +308,7 @@ def test_arbiter_takes_turns_with_legacy_home_workers(make_db, tmp_path):
     An arbiter home worker parked all the time must not starve a legacy home worker that polls:
     they alternate by the round-robin pointer, bounded by yield_secs and by the legacy node's freshness.
     """
-    from procs import direct_transport
+    from support.procs import direct_transport
 
     db = make_db("stage1")
     with db.connect() as conn:

@@ -6,9 +6,9 @@ import os
 import threading
 
 import psycopg
-from fixtures_data import seed_problem, seed_user
-from procs import aplusb_site, direct_transport, wait_for
-from programs import PROGRAMS
+from support.fixtures_data import seed_problem, seed_user
+from support.procs import aplusb_site, direct_transport, wait_for
+from support.programs import PROGRAMS
 
 from arbiter.store import leases
 

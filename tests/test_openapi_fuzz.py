@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(db, arbiters, tmp_path):

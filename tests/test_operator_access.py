@@ -12,8 +12,8 @@ import falcon
 import falcon.asgi
 import falcon.testing
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker
 
 from arbiter.server.config import ConfigError, load_settings
 from arbiter.server.http.operator_access import OperatorAccess

@@ -16,8 +16,8 @@ from pathlib import Path
 import psycopg
 import psycopg.conninfo
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker, wait_for
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker, wait_for
 
 from arbiter.lab.devcluster import free_port
 from worker.delivery.http_client import ArbiterClient

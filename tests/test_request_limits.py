@@ -16,10 +16,10 @@ import time
 import uuid
 
 import pytest
-from fixtures_data import seed_problem, seed_submissions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from procs import add_worker
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker
 
 from arbiter.ctl import tlsfiles
 from arbiter.server.serving import MAX_HEADER_BYTES

@@ -2,7 +2,7 @@
 
 Found by the long chaos run: while other sandboxes ran on the machine, setpriv could not exec
 bwrap (the sandbox uid's RLIMIT_NPROC budget was used up) and the worker reported CE. The faults
-here are real (tests/sandbox_faults.py): the kernel refuses the sandbox its processes.
+here are real (tests/support/sandbox_faults.py): the kernel refuses the sandbox its processes.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import shutil
 import subprocess
 
 import pytest
-from procs import aplusb_site, sandbox_work_dir, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
-from sandbox_faults import PrivateSandbox, SandboxOutage
+from support.procs import aplusb_site, sandbox_work_dir, wait_for, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
+from support.sandbox_faults import PrivateSandbox, SandboxOutage
 
 from arbiter.store import leases
 from worker.judging.judge import Job, Judge
 from worker.sandbox import cgroups
 from worker.sandbox.runner import Limits, SandboxFailure
 
-# Every fault here breaks the sandboxes of this identity only (tests/sandbox_faults.py), so the
+# Every fault here breaks the sandboxes of this identity only (tests/support/sandbox_faults.py), so the
 # module runs beside the rest of the suite and the cutover lab.
 IDENTITY = PrivateSandbox(uid=64990, cgroup_parent="judge-sandbox-faults")
 
@@ -167,7 +167,7 @@ def test_legacy_worker_reports_system_error_with_the_reason(site):
 def test_check_config_names_the_sandbox_failure(site):
     import sys
 
-    from procs import WorkerProcess
+    from support.procs import WorkerProcess
 
     w = WorkerProcess(site["testdata"].parent, "home-9", "home", "direct", site["testdata"], dsn=site["db"].dsn,
                       sandbox=IDENTITY.worker_config())

@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker, request_bytes, wait_for
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker, request_bytes, wait_for
 
 from arbiter.server.runtime import URGENT_THREADS
 from worker.delivery.http_client import ArbiterClient

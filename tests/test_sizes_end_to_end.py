@@ -14,8 +14,8 @@ import sys
 import threading
 
 import pytest
-from fixtures_data import seed_problem
-from procs import doubling_tests, problem_site, wait_for
+from support.fixtures_data import seed_problem
+from support.procs import doubling_tests, problem_site, wait_for
 
 from arbiter.ctl import tlsfiles
 from arbiter.store import leases

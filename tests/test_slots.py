@@ -8,10 +8,10 @@ import os
 import uuid
 
 import pytest
-from fixtures_data import seed_problem, seed_user
-from parking import leave
-from procs import add_worker, problem_site, wait_for, write_testdata
-from programs import APLUSB_TESTS
+from support.fixtures_data import seed_problem, seed_user
+from support.parking import leave
+from support.procs import add_worker, problem_site, wait_for, write_testdata
+from support.programs import APLUSB_TESTS
 
 from arbiter.store import leases
 from worker import config as worker_config

@@ -21,12 +21,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from arbiter.protocol import vocabulary
 from arbiter.store import leases
 from arbiter.store.leases import WriteOutcome
 
 WORKERS = ["home-1", "home-2", "prod-1"]
 ACQUIRERS = ["home-1", "home-1", "home-2", "prod-1"]  # home-1 more often: same-worker re-leases are the hard case
-VERDICTS = sorted(leases.VERDICTS - {"system_error"}) + ["system_error"]
+VERDICTS = sorted(vocabulary.VERDICTS - {"system_error"}) + ["system_error"]
 MAX_ATTEMPTS = 3
 MAX_RELEASES = 2  # low, so that runs reach the bound
 EXAMPLES = int(os.environ.get("JUDGE_STATEFUL_EXAMPLES", "200"))

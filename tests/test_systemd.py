@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import wait_for
+from support.procs import wait_for
 
 UNITS = Path(__file__).resolve().parent.parent / "systemd"
 
@@ -150,8 +150,8 @@ SANDBOX_PROBE = """
 import sys, shutil, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from procs import sandbox_work_dir, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from support.procs import sandbox_work_dir, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
 from worker.judging.judge import Job, Judge
 from worker.sandbox.runner import Sandbox
 root = Path(tempfile.mkdtemp())

@@ -10,8 +10,8 @@ import sys
 import tarfile
 import time
 
-from procs import aplusb_site, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from support.procs import aplusb_site, wait_for, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
 
 from arbiter.protocol import testdata
 from arbiter.store import leases
@@ -131,7 +131,7 @@ def test_stale_data_never_judges_and_data_changed_rejudges_exactly_what_used_oth
 
 
 def _add(db, worker_id):
-    from procs import add_worker
+    from support.procs import add_worker
 
     with db.connect() as conn:
         return add_worker(conn, worker_id)

@@ -11,9 +11,9 @@ import threading
 import time
 
 import pytest
-from fixtures_data import seed_problem, seed_submissions
-from parking import leave, unpark
-from procs import add_worker
+from support.fixtures_data import seed_problem, seed_submissions
+from support.parking import leave, unpark
+from support.procs import add_worker
 
 from arbiter.server import faults
 from arbiter.server.config import ArbiterSettings
@@ -183,6 +183,8 @@ def _on_a_loop(coroutine_fn):
     return asyncio.run(main())
 
 
+# The coroutine tests below share a shape (park, signal from another thread, wait on the loop, count
+# its ticks) on purpose: each spells out one interleaving whole, so a failure names its own steps.
 def test_a_parked_coroutine_is_woken_by_a_lease_set_from_another_thread():
     lot = ParkingLot(10, 4)
 

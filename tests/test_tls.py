@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from procs import aplusb_site, wait_for
-from programs import PROGRAMS
+from support.procs import aplusb_site, wait_for
+from support.programs import PROGRAMS
 
 from arbiter.ctl import tlsfiles
 from arbiter.server.config import ConfigError, load_settings

@@ -15,7 +15,7 @@ import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from procs import doubling_tests, problem_site, wait_for
+from support.procs import doubling_tests, problem_site, wait_for
 
 from arbiter.store import leases
 from worker.judging import detail_budget

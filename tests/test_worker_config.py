@@ -69,3 +69,20 @@ def test_cli_exits_2_with_one_line(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "worker.main", "--config", str(tmp_path / "nope.toml")],
                              capture_output=True, text=True, timeout=30)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: p.mkdir(), "Is a directory"),
+    (lambda p: p.write_bytes(b'worker_id = "\xff"\n'), "is not UTF-8 text"),
+], ids=["a-directory", "not-utf8"])
+def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path, make, message):
+    """Both daemons read their config file through the seam (arbiter.protocol.configfiles), so each
+    way a file can fail to be read is the same one line for the arbiter and the worker."""
+    from arbiter.server.config import load_settings
+
+    path = tmp_path / "judge.toml"
+    make(path)
+    for load in (config.load, load_settings):
+        with pytest.raises(config.ConfigError, match=message):
+            load(path)
+

@@ -14,8 +14,8 @@ import os
 import signal
 
 import pytest
-from faultproxy import FaultProxy
-from procs import problem_site, wait_for
+from support.faultproxy import FaultProxy
+from support.procs import problem_site, wait_for
 
 from arbiter.store import leases
 

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from procs import WorkerProcess, aplusb_site, wait_for
-from programs import PROGRAMS
+from support.procs import WorkerProcess, aplusb_site, wait_for
+from support.programs import PROGRAMS
 
 from arbiter.store import leases
 

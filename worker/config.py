@@ -6,12 +6,11 @@ import ipaddress
 import os
 import re
 import ssl
-import tomllib
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file
+from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file, read_toml_file
 from arbiter.protocol.vocabulary import LANGUAGES, WORKER_ID
 from worker.credential_file import CredentialError, check_credential
 from worker.sandbox import cgroups
@@ -165,12 +164,7 @@ def _cpu_list(cpus: list[int]) -> str:
 
 
 def load(path: str | Path) -> WorkerConfig:
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    raw = read_toml_file(path)
     _check_types("config", raw, _TOP)
     sandbox_raw = raw.pop("sandbox", {})
     _check_types("sandbox", sandbox_raw, _SANDBOX)

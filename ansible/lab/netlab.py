@@ -305,6 +305,8 @@ class Lab:
     def down(self, remove: bool = True) -> None:
         """Everything the lab started dies with its namespaces; nothing keeps running."""
         # Every jlab-* namespace, not only today's HOSTS: a lab left by another version goes too.
+        # The kill-until-empty loop below has the shape of worker/sandbox/cgroups.py's (a cgroup
+        # there, a namespace here); kept apart on purpose: the lab tool imports nothing of the worker.
         for ns in _lab_namespaces():
             for _ in range(50):
                 pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]

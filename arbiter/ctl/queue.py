@@ -10,14 +10,15 @@ from pathlib import Path
 from psycopg.rows import dict_row
 
 from arbiter.ctl.common import OPS, POLL_SECS, CtlError
+from arbiter.protocol.vocabulary import LANGUAGES
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
 from arbiter.store import canary, leases, status
 
 
 def cmd_submit(args, conn) -> int:
-    if args.language not in leases.LANGUAGES:
-        raise CtlError(f"unknown language {args.language!r} (choose from {', '.join(sorted(leases.LANGUAGES))})")
+    if args.language not in LANGUAGES:
+        raise CtlError(f"unknown language {args.language!r} (choose from {', '.join(sorted(LANGUAGES))})")
     try:
         raw = Path(args.source).read_bytes() if args.source != "-" else sys.stdin.buffer.read()
     except OSError as exc:

@@ -9,16 +9,17 @@ from pathlib import Path
 import psycopg
 
 from arbiter.ctl.common import OPS, CtlError, read_secret_arg
+from arbiter.protocol.vocabulary import LANGUAGES
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
-from arbiter.store import credentials, leases
+from arbiter.store import credentials
 
 # How long a replaced worker credential stays valid: time to roll the new one out to the worker.
 DEFAULT_OVERLAP_SECS = 3600.0
 
 def _languages(arg: str) -> list[str]:
     languages = sorted(set(arg.split(",")))
-    unknown = set(languages) - leases.LANGUAGES
+    unknown = set(languages) - set(LANGUAGES)
     if unknown:
         raise CtlError(f"unknown language(s): {', '.join(sorted(unknown))}")
     return languages

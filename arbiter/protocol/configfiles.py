@@ -3,6 +3,7 @@ with (one line naming the key), TOML type checks, and secrets kept in files only
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from arbiter.protocol.errors import ProtocolError
@@ -10,6 +11,20 @@ from arbiter.protocol.errors import ProtocolError
 
 class ConfigError(ProtocolError):
     """A config refused at start-up; the message is the one line an operator sees."""
+
+
+def read_toml_file(path: str | Path) -> dict:
+    """A config file's table, or one line saying why not (missing, unreadable, not UTF-8, not TOML)."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
 def is_toml_type(value, expected: type) -> bool:
@@ -33,3 +48,4 @@ def read_secret_file(path: str, what: str, error: type[Exception] = ConfigError)
     if not text:
         raise error(f"{what} {path} is empty")
     return text
+

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import ssl
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file  # noqa: F401 (re-exported)
+from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file, read_toml_file
 from arbiter.store.canary import PROGRAMS as CANARY_PROGRAMS
 
 
@@ -107,12 +106,7 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     path = path or os.environ.get("JUDGE_ARBITER_CONFIG")
     raw: dict = {}
     if path:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        raw = read_toml_file(path)
     for file_key, key in (("dsn_file", "dsn"), ("session_dsn_file", "session_dsn")):
         dsn_file = raw.pop(file_key, None)
         if dsn_file:

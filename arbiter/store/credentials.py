@@ -10,7 +10,7 @@ import hashlib
 import hmac
 import secrets
 
-from arbiter.protocol.vocabulary import WORKER_ID  # noqa: F401 (the store checks credentials with it)
+from arbiter.protocol.vocabulary import WORKER_ID
 
 
 def new_secret() -> str:

@@ -25,9 +25,7 @@ from arbiter.store.sqlfiles import arbiter_statements
 
 Q = arbiter_statements()
 
-VERDICTS = vocabulary.VERDICTS
-LANGUAGES = frozenset(vocabulary.LANGUAGES)
-TERMINAL = VERDICTS
+TERMINAL = vocabulary.VERDICTS
 
 
 @dataclass(frozen=True)
@@ -329,7 +327,7 @@ def record_result(
     data_digest: str | None = None,
 ) -> ResultRecord:
     """judging -> verdict under this token; a repeat of the same token answers as the first time."""
-    if verdict not in VERDICTS:
+    if verdict not in vocabulary.VERDICTS:
         raise ValueError(f"unknown verdict {verdict!r}")
     token = _as_uuid(lease_token)
     if token is None:

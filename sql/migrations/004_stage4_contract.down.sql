@@ -1,4 +1,6 @@
 -- Rollback of stage 4: recreate the legacy dispatch state exactly as the baseline made it.
+-- The two tables repeat 001_baseline.up.sql's on purpose: a migration is a frozen text, never
+-- built from another that a later change could edit.
 CREATE TABLE judge_nodes (
     worker_id   text PRIMARY KEY,
     kind        text NOT NULL CHECK (kind IN ('home', 'production')),

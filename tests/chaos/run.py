@@ -31,9 +31,9 @@ sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
 from checker import ORPHANED_POLL_SECS, Fault, check  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
-from programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
+from support.faultproxy import FaultProxy  # noqa: E402
+from support.procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
+from support.programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
 
 from arbiter.lab import devcluster  # noqa: E402
 from arbiter.store import leases, migrations

@@ -2,7 +2,7 @@
 flag the outbox's repeat of a verdict that was written while its lease was current."""
 
 from checker import Report, live_lease_violations
-from faultproxy import Exchange
+from support.faultproxy import Exchange
 
 TOKEN_1, TOKEN_3 = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000003"
 # Submission 36: gen 1 to home-1 at t=10, gen 3 to home-2 at t=20 (after a rejudge).

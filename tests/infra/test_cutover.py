@@ -23,11 +23,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 from infra import nodes as node_checks
-from procs import wait_for
+from support.procs import wait_for
+
+if TYPE_CHECKING:
+    from arbiter.store import canary
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
@@ -178,7 +182,7 @@ def settled(lab: Lab, flow: Flow, timeout: float = 120) -> dict[str, int]:
                                  (upto,)).fetchall())
         stage1_schema = conn.execute("SELECT to_regclass('lease_grants') IS NOT NULL").fetchone()[0]
         if stage1_schema:
-            from checks import assert_each_submission_decided_once_by_its_last_lease
+            from support.checks import assert_each_submission_decided_once_by_its_last_lease
 
             assert_each_submission_decided_once_by_its_last_lease(conn, expect_terminal=False)
     wrong = {sid: (rows.get(sid), verdict) for sid, verdict in flow.expected.items()

@@ -33,11 +33,6 @@ def _links() -> str:
     return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
 
 
-def _namespaces() -> list[str]:
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in listed.splitlines() if line.startswith("jlab-")]
-
-
 def _alive(proc: subprocess.Popen) -> bool:
     return proc.poll() is None
 
@@ -99,7 +94,7 @@ def test_a_lab_left_by_a_restarted_machine_is_taken_down(machine):
     netlab.clear_the_way(wait=0)
 
     assert netlab.existing_lab() is None
-    assert _namespaces() == []
+    assert netlab._lab_namespaces() == []
     assert "jlv-" not in _links()
 
 
@@ -114,7 +109,7 @@ def test_a_lab_whose_owner_died_is_taken_down_with_its_processes(machine, tmp_pa
     netlab.clear_the_way(wait=0)
 
     assert netlab.existing_lab() is None
-    assert _namespaces() == []
+    assert netlab._lab_namespaces() == []
     inside.wait(timeout=10)  # killed with its namespace
     assert not lab_dir.exists()
 
@@ -137,7 +132,7 @@ def test_a_lab_in_use_is_waited_for_then_refused_and_left_alone(machine, tmp_pat
     assert time.monotonic() - began >= 3
     assert "in use" in str(refused.value)
     assert (f"owner pid {owner.pid}" if owned else "no owner recorded") in str(refused.value)
-    assert _alive(inside) and netlab.existing_lab() is not None and len(_namespaces()) == 2
+    assert _alive(inside) and netlab.existing_lab() is not None and len(netlab._lab_namespaces()) == 2
 
     if owned:  # once its owner is gone, the same lab is stale
         owner.kill()

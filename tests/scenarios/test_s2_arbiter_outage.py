@@ -8,10 +8,10 @@ JUDGE_S2_OUTAGE_SECS (default 12) sets the outage; JUDGE_S2_OUTAGE_SECS=120 runs
 import os
 import time
 
-from checks import assert_each_submission_decided_once_by_its_last_lease
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from support.checks import assert_each_submission_decided_once_by_its_last_lease
+from support.fixtures_data import seed_problem, seed_user
+from support.procs import add_worker, wait_for, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
 
 from arbiter.store import leases
 
@@ -87,7 +87,7 @@ def test_arbiter_paused_longer_than_the_lease_reclaims_nothing_on_resume(db, arb
     """SIGSTOP is an outage the arbiter does not see start or end: its janitor notices the gap in DB time."""
     import signal
 
-    from fixtures_data import seed_submissions
+    from support.fixtures_data import seed_submissions
 
     from worker.delivery.http_client import ArbiterClient
 

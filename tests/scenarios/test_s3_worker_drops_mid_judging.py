@@ -2,9 +2,9 @@
 
 import time
 
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from support.fixtures_data import seed_problem, seed_user
+from support.procs import add_worker, wait_for, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
 
 from arbiter.store import leases
 

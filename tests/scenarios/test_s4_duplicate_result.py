@@ -1,8 +1,8 @@
 """Scenario 4: a result is recorded, the reply is lost, the worker sends it again."""
 
-from faultproxy import FaultProxy
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker
+from support.faultproxy import FaultProxy
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker
 
 from worker.delivery.http_client import ArbiterClient, Unreachable
 

@@ -2,8 +2,8 @@
 A's result arrives late -> 410 and B's result stands."""
 
 
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker, wait_for
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker, wait_for
 
 from worker.delivery.http_client import ArbiterClient
 

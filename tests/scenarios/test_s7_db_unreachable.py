@@ -3,8 +3,8 @@
 import time
 
 import psycopg
-from fixtures_data import seed_problem, seed_submissions
-from procs import add_worker, wait_for
+from support.fixtures_data import seed_problem, seed_submissions
+from support.procs import add_worker, wait_for
 
 from worker.delivery.http_client import ArbiterClient, Unreachable
 

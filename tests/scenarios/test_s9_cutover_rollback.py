@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 import threading
 
-from checks import assert_each_submission_decided_once_by_its_last_lease
-from fixtures_data import seed_problem, seed_user
-from procs import add_worker, wait_for, write_testdata
-from programs import APLUSB_TESTS, PROGRAMS
+from support.checks import assert_each_submission_decided_once_by_its_last_lease
+from support.fixtures_data import seed_problem, seed_user
+from support.procs import add_worker, wait_for, write_testdata
+from support.programs import APLUSB_TESTS, PROGRAMS
 from test_legacy_coexistence import legacy_login
 
 from arbiter.ctl import main as ctl

@@ -21,7 +21,8 @@ from pathlib import Path
 from arbiter.protocol.testdata import file_sha256
 from arbiter.protocol.vocabulary import VerdictCode
 from worker.errors import WorkerError
-from worker.sandbox.runner import Limits, Sandbox, SandboxFailure, limits_for_compile, storable_text
+from worker.sandbox.base import Limits, SandboxFailure, storable_text
+from worker.sandbox.runner import Sandbox, limits_for_compile
 
 CHECKER_SOURCE = "checker.cpp"
 COMPILE = ["/usr/bin/g++", "-O2", "-std=gnu++17", "-pipe", "-o", "checker", CHECKER_SOURCE]

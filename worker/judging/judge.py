@@ -25,7 +25,8 @@ from worker.errors import WorkerError
 from worker.judging import detail_budget
 from worker.judging.checker import CheckerBroken, Checkers, CheckerUnusable
 from worker.judging.datastore import DataStore, DataUnavailable
-from worker.sandbox.runner import Limits, RunResult, Sandbox, SandboxFailure, limits_for_compile, storable_text
+from worker.sandbox.base import Limits, RunResult, SandboxFailure, storable_text
+from worker.sandbox.runner import Sandbox, limits_for_compile
 
 # How much of a failed test's stderr goes into the verdict's detail (its end: a traceback's last lines).
 STDERR_DETAIL_CHARS = 1000
@@ -58,6 +59,9 @@ class Verdict:
     data_digest: str | None = None  # the digest of the test data this verdict was judged with
 
 
+# A Job holds the fields of the store's Lease (arbiter/store/leases.py) as the worker receives them
+# over either transport; the two stay apart on purpose: judging imports nothing of the store (the
+# seam's contract), and a Lease carries what only the arbiter needs (token generation, expiry).
 @dataclass(frozen=True)
 class Job:
     submission_id: int

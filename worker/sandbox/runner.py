@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from worker.sandbox import cgroups
-from worker.sandbox.base import (  # noqa: F401 (the sandbox's names, as callers know them)
+from worker.sandbox.base import (
     DEFAULT_LAUNCHER_DIR,
     ETC_RO,
     LAUNCHER_IN_SANDBOX,
@@ -41,7 +41,6 @@ from worker.sandbox.base import (  # noqa: F401 (the sandbox's names, as callers
     SandboxUnavailable,
     TailPump,
     program_rlimits,
-    storable_text,
 )
 from worker.sandbox.box import Box
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arbiter.store.leases import LANGUAGES, VERDICTS
+from arbiter.protocol.vocabulary import LANGUAGES, VERDICTS
 
 _error = {"$ref": "#/components/schemas/Error"}
 

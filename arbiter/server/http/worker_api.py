@@ -1,7 +1,11 @@
 """The workers' API: acquire (long-poll), heartbeat, result, release, and the test data and checker
 blobs a worker fetches. Each resource is small: validate, call one state-machine function, map the
 outcome (docs/protocol.md). ``urgent = True`` puts a resource's calls on the database lane that parked
-or queued acquires never use (heartbeats, results, releases)."""
+or queued acquires never use (heartbeats, results, releases).
+
+Heartbeat, Release and Result have the same shape (read the body, one named statement, count the
+outcome, map a refusal with _outcome_error); kept as three resources on purpose, so that each
+route's checks and reply read in one place."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import math
 
 import falcon
 
+from arbiter.protocol.vocabulary import LANGUAGES, VERDICTS
 from arbiter.server.http.base import CLIENT_GONE, DIGEST, REQUEST_ID, Resource, field, json_reply, log, unavailable
 from arbiter.server.loops.tickets import Overloaded, Stopping, Ticket, TooManyParked
 from arbiter.server.metrics import METRICS
@@ -86,9 +91,9 @@ class Acquire(Resource):
             raise falcon.HTTPBadRequest(title="malformed request",
                                         description="request_id must be 1-128 chars of A-Z a-z 0-9 . _ : -")
         wanted = field(body, "languages", list, required=False, default=list(worker.languages))
-        if not all(isinstance(x, str) for x in wanted) or not set(wanted) <= leases.LANGUAGES:
+        if not all(isinstance(x, str) for x in wanted) or not set(wanted) <= set(LANGUAGES):
             raise falcon.HTTPUnprocessableEntity(title="unknown language",
-                                                 description=f"languages must be among {sorted(leases.LANGUAGES)}")
+                                                 description=f"languages must be among {sorted(LANGUAGES)}")
         languages = tuple(sorted(set(wanted) & set(worker.languages)))
         slot = field(body, "slot", int, required=False, default=0)
         if not 0 <= slot < worker.slots:
@@ -218,9 +223,9 @@ class Result(Resource):
         body = await self.read_json(req)
         token = field(body, "lease_token", str)
         verdict = field(body, "verdict", str)
-        if verdict not in leases.VERDICTS:
+        if verdict not in VERDICTS:
             raise falcon.HTTPUnprocessableEntity(title="unknown verdict",
-                                                 description=f"verdict must be one of {sorted(leases.VERDICTS)}")
+                                                 description=f"verdict must be one of {sorted(VERDICTS)}")
         time_ms = field(body, "time_ms", int, required=False)
         memory_kb = field(body, "memory_kb", int, required=False)
         detail = field(body, "detail", dict, required=False, default={})

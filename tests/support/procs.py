@@ -204,8 +204,8 @@ def problem_site(db, tmp_path: Path, slug: str = "aplusb", cases=None, worker_id
                  kind: str = "home", slots: int = 1, time_limit_ms: int | None = None) -> AplusbSite:
     """The usual start of a worker test: a problem (A+B's tests unless ``cases`` are given), a user,
     one worker's credential, the test data on disk."""
-    from fixtures_data import seed_problem, seed_user
-    from programs import APLUSB_TESTS
+    from support.fixtures_data import seed_problem, seed_user
+    from support.programs import APLUSB_TESTS
 
     with db.connect() as conn:
         problem = seed_problem(conn, slug, **({"time_limit_ms": time_limit_ms} if time_limit_ms else {}))

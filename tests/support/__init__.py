@@ -1,0 +1,2 @@
+"""Helpers the tests share: processes, fixtures, programs, fault tools. Test-only code lives here,
+never in arbiter/ or worker/."""
