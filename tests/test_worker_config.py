@@ -1,5 +1,6 @@
 """Bad worker configuration is one clear error line at start-up and exit status 2."""
 
+import json
 import subprocess
 import sys
 
@@ -86,3 +87,39 @@ def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path, make, message):
         with pytest.raises(config.ConfigError, match=message):
             load(path)
 
+
+@pytest.mark.parametrize("dsn,message", [
+    ("host=db-1,db-2 port=5432,5432 dbname=judge", "names 2 hosts: add target_session_attrs=read-write"),
+    ("postgresql://db-1:5432,db-2:5432,db-3:5432/judge", "names 3 hosts: add target_session_attrs=read-write"),
+    ("host=db-1,db-2 dbname=judge target_session_attrs=any", "names 2 hosts"),
+    ("host=db-1 password='hunter2", "is not a valid libpq connection string"),
+], ids=["two-hosts", "url-three-hosts", "any-session", "unparsable"])
+def test_a_dsn_that_cannot_follow_the_primary_is_refused_by_each_client(tmp_path, monkeypatch, dsn, message):
+    """A replicated database's DSN names every host and asks for the writable one; without
+    target_session_attrs libpq keeps whichever host answers first, a standby after a failover. The
+    arbiter, the direct-DB worker and judgectl refuse it at start-up, in one line, never echoing
+    the string (it may hold a password)."""
+    from arbiter.ctl.common import CtlError
+    from arbiter.ctl.common import connect as ctl_connect
+    from arbiter.server.config import load_settings
+
+    monkeypatch.delenv("JUDGE_ARBITER_CONFIG", raising=False)
+    monkeypatch.delenv("JUDGE_DSN", raising=False)
+    with pytest.raises(config.ConfigError, match=message) as refused:
+        load_settings(None, dsn=dsn)
+    assert "hunter2" not in str(refused.value)
+    path = write(tmp_path, GOOD.replace('transport = "arbiter"', 'transport = "direct"') + f"dsn = {json.dumps(dsn)}\n")
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(path)
+    with pytest.raises(CtlError, match=message):
+        ctl_connect(dsn)
+
+
+def test_a_multi_host_dsn_that_asks_for_the_primary_is_accepted(tmp_path, monkeypatch):
+    from arbiter.server.config import load_settings
+
+    monkeypatch.delenv("JUDGE_ARBITER_CONFIG", raising=False)
+    dsn = "host=db-1,db-2 port=5432,5432 dbname=judge target_session_attrs=read-write"
+    assert load_settings(None, dsn=dsn).dsn == dsn
+    path = write(tmp_path, GOOD.replace('transport = "arbiter"', 'transport = "direct"') + f"dsn = {json.dumps(dsn)}\n")
+    assert config.load(path).dsn == dsn

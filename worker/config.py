@@ -10,7 +10,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file, read_toml_file
+from arbiter.protocol.configfiles import ConfigError, check_dsn, is_toml_type, read_secret_file, read_toml_file
 from arbiter.protocol.vocabulary import LANGUAGES, WORKER_ID
 from worker.credential_file import CredentialError, check_credential
 from worker.sandbox import cgroups
@@ -213,6 +213,8 @@ def load(path: str | Path) -> WorkerConfig:
         dsn = raw["dsn"]
     if raw["transport"] == "direct" and not dsn:
         raise ConfigError("transport 'direct' needs dsn or dsn_file")
+    if dsn:
+        check_dsn(dsn, "dsn_file" if raw.get("dsn_file") else "dsn")
     sandbox = SandboxConfig(**sandbox_raw)
     if sandbox.uid == 0 or sandbox.gid == 0:
         raise ConfigError("sandbox uid/gid must not be 0: submissions never run as root")

@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 
 from arbiter.errors import ArbiterError
+from arbiter.protocol.configfiles import ConfigError, check_dsn
 from arbiter.store.sqlfiles import Statements
 
 OPS = Statements("operator.sql")
@@ -22,9 +23,14 @@ class CtlError(ArbiterError):
     pass
 
 def connect(dsn: str | None) -> psycopg.Connection:
+    what = "--dsn" if dsn else "JUDGE_DSN"
     dsn = dsn or os.environ.get("JUDGE_DSN")
     if not dsn:
         raise CtlError("no database given: pass --dsn or set JUDGE_DSN")
+    try:
+        check_dsn(dsn, what)
+    except ConfigError as exc:
+        raise CtlError(str(exc)) from None
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import psycopg
+
 from arbiter.protocol.errors import ProtocolError
 
 
@@ -49,3 +51,20 @@ def read_secret_file(path: str, what: str, error: type[Exception] = ConfigError)
         raise error(f"{what} {path} is empty")
     return text
 
+
+def check_dsn(dsn: str, what: str = "dsn") -> str:
+    """A libpq connection string (key=value or URL) that can work, or one line saying why not.
+
+    A DSN that names several hosts (a replicated database: docs/operations.md) must ask for the one
+    that takes writes (``target_session_attrs=read-write`` or ``primary``): without it libpq keeps
+    the first host that answers, which after a failover is a standby that refuses every write."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        # libpq's message quotes pieces of the string, which may be a password: not repeated here.
+        raise ConfigError(f"{what} is not a valid libpq connection string (key=value pairs or a postgresql:// URL)") from None
+    hosts = [h for h in str(params.get("host", params.get("hostaddr", ""))).split(",") if h]
+    if len(hosts) > 1 and params.get("target_session_attrs") not in ("read-write", "primary"):
+        raise ConfigError(f"{what} names {len(hosts)} hosts: add target_session_attrs=read-write so that "
+                          "every connection goes to the primary")
+    return dsn

@@ -11,7 +11,7 @@ import ssl
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from arbiter.protocol.configfiles import ConfigError, is_toml_type, read_secret_file, read_toml_file
+from arbiter.protocol.configfiles import ConfigError, check_dsn, is_toml_type, read_secret_file, read_toml_file
 from arbiter.store.canary import PROGRAMS as CANARY_PROGRAMS
 
 
@@ -134,6 +134,9 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
     settings = ArbiterSettings(**values)
     if not settings.dsn:
         raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
+    check_dsn(settings.dsn, "dsn")
+    if settings.session_dsn:
+        check_dsn(settings.session_dsn, "session_dsn")
     positive = ["unconfirmed_secs", "lease_secs", "grace_secs", "long_poll_max_secs", "dispatch_tick_secs",
                 "janitor_interval_secs", "absence_grace_after_secs", "leader_retry_secs", "ready_max_round_age_secs",
                 "stuck_alert_secs", "db_timeout_secs", "max_attempts", "max_releases", "max_parked", "max_parked_per_worker",

@@ -12,8 +12,11 @@ import psycopg_pool
 
 log = logging.getLogger("arbiter.db")
 
-# Errors meaning "the database is not reachable right now" (as opposed to a bug or bad input).
-UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.AdminShutdown)
+# Errors meaning "the database is not reachable right now" (as opposed to a bug or bad input). A
+# read-only session is a standby: the primary moved (a failover or a switchover) and this connection
+# was made before, or without target_session_attrs=read-write; the next connection finds the primary.
+UNAVAILABLE = (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.errors.AdminShutdown,
+               psycopg.errors.ReadOnlySqlTransaction)
 
 
 def connect_kwargs(settings, session: bool = False) -> dict:
@@ -33,6 +36,12 @@ def connect_kwargs(settings, session: bool = False) -> dict:
         # A statement that hangs longer than this is a stuck database, not work.
         "options": f"-c statement_timeout={int(settings.db_timeout_secs * 1000) * 2} -c lock_timeout=2000",
     }
+    if session:
+        # The server's side of the same keepalives: an arbiter host that dies without closing its
+        # connections (power, a cut link) would hold the leader lock until the server's TCP noticed,
+        # two hours by the kernel's default; with these the server drops the session, and the lock,
+        # within about 9 s and a standby arbiter takes over (docs/operations.md).
+        kwargs["options"] += " -c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=2"
     if settings.session_dsn and not session:
         del kwargs["options"]
         kwargs["prepare_threshold"] = None

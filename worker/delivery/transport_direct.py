@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from arbiter.protocol.delivery import Delivery, DeliveryOutcome
-from arbiter.store import leases
+from arbiter.store import db, leases
 from arbiter.store.sqlfiles import legacy_statements
 from worker.backoff import Backoff
 from worker.delivery.assignment import Assignment
@@ -99,7 +99,7 @@ class DirectTransport:
             self._drop_connection()
             stopping.wait(self.backoff.next_delay())
             return None
-        except psycopg.OperationalError as exc:
+        except db.UNAVAILABLE as exc:
             delay = self.backoff.next_delay()
             log.warning("database unreachable; backing off", extra={"delay_secs": round(delay, 2),
                                                                      "error": type(exc).__name__})
@@ -143,7 +143,7 @@ class DirectTransport:
         except psycopg.errors.UndefinedColumn:
             return DeliveryOutcome(Delivery.REJECTED, "the schema has no lease columns (stage 1 rolled back); "
                                                       "this lease result cannot be matched")
-        except psycopg.OperationalError:
+        except db.UNAVAILABLE:
             self._drop_connection()
             return DeliveryOutcome(Delivery.RETRY)
 
