@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SECTION_SCRIPTS = ("judge.py", "scale.py", "data.py", "slots.py")
+SECTION_SCRIPTS = ("judge.py", "scale.py", "data.py", "slots.py", "ha.py")
 
 
 def markers(script: str) -> tuple[str, str]:

@@ -91,6 +91,53 @@ def docker_reachable() -> bool:
         return False
 
 
+def server_user() -> pwd.struct_passwd | None:
+    """Who runs PostgreSQL: the ``postgres`` OS user when we are root (the server refuses root), else us."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise ClusterError("running as root but there is no 'postgres' OS user to run the server") from None
+
+
+def as_user(user: pwd.struct_passwd | None):
+    """A preexec_fn that becomes ``user`` in the child (None: stay who we are)."""
+    if user is None:
+        return None
+    uid, gid = user.pw_uid, user.pw_gid
+
+    def demote():
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return demote
+
+
+def read_postmaster_pid(data_dir: Path) -> int | None:
+    """The running server's postmaster pid (postmaster.pid in its data directory), or None."""
+    try:
+        return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_postmaster(pid: int) -> None:
+    """Crash a server like a power cut: SIGKILL every backend and the postmaster, and wait for it."""
+    subprocess.run(["pkill", "-KILL", "-P", str(pid)], check=False)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
 class LocalCluster:
     """initdb + pg_ctl cluster on 127.0.0.1 with trust auth for the local superuser."""
 
@@ -106,24 +153,11 @@ class LocalCluster:
         self.port = port or free_port()
         self.fast = fast
         self.settings = settings or {}
-        self._run_as = None
-        if os.geteuid() == 0:
-            try:
-                self._run_as = pwd.getpwnam("postgres")
-            except KeyError:
-                raise ClusterError("running as root but there is no 'postgres' OS user to run the server") from None
+        self._run_as = server_user()
 
     # -- process control -------------------------------------------------
     def _demote(self):
-        if self._run_as is None:
-            return None
-        uid, gid = self._run_as.pw_uid, self._run_as.pw_gid
-
-        def demote():
-            os.setgid(gid)
-            os.setuid(uid)
-
-        return demote
+        return as_user(self._run_as)
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         env = dict(os.environ, LC_ALL="C.UTF-8", LANG="C.UTF-8")
@@ -192,28 +226,13 @@ class LocalCluster:
         self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop", check=False)
 
     def postmaster_pid(self) -> int | None:
-        try:
-            return int((self.data_dir / "postmaster.pid").read_text().splitlines()[0])
-        except (FileNotFoundError, ValueError, IndexError):
-            return None
+        return read_postmaster_pid(self.data_dir)
 
     def kill9(self) -> None:
         """Crash the server like a power cut: SIGKILL the postmaster and every backend."""
         pid = self.postmaster_pid()
-        if pid is None:
-            return
-        subprocess.run(["pkill", "-KILL", "-P", str(pid)], check=False)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        if pid is not None:
+            kill_postmaster(pid)
 
     def destroy(self) -> None:
         self.stop("immediate")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -31,7 +30,15 @@ from pathlib import Path
 
 import psycopg
 
-from arbiter.lab.devcluster import ClusterError, find_pg_bindir, free_port
+from arbiter.lab.devcluster import (
+    ClusterError,
+    as_user,
+    find_pg_bindir,
+    free_port,
+    kill_postmaster,
+    read_postmaster_pid,
+    server_user,
+)
 
 # Patroni's timings. ttl is the leader key's life in etcd: after a primary host dies, the key lasts
 # up to ttl more seconds before a standby may take over. Patroni refuses a ttl under 20 s (its
@@ -79,10 +86,7 @@ class Node:
         return f"http://127.0.0.1:{self.api_port}"
 
     def postmaster_pid(self) -> int | None:
-        try:
-            return int((self.data_dir / "postmaster.pid").read_text().splitlines()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        return read_postmaster_pid(self.data_dir)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -105,7 +109,7 @@ class HaCluster:
         self.etcd_procs: list[subprocess.Popen] = []
         self._etcd_data = self.base / "etcd"
         self.nodes = [Node(f"pg{i + 1}", free_port(), free_port(), self.base / f"pg{i + 1}") for i in range(nodes)]
-        self._run_as = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        self._run_as = server_user()
 
     # -- the store -----------------------------------------------------------------------
     def _start_etcd(self) -> None:
@@ -194,15 +198,7 @@ class HaCluster:
         }
 
     def _demote(self):
-        if self._run_as is None:
-            return None
-        uid, gid = self._run_as.pw_uid, self._run_as.pw_gid
-
-        def demote():
-            os.setgid(gid)
-            os.setuid(uid)
-
-        return demote
+        return as_user(self._run_as)
 
     def start_node(self, node: Node) -> None:
         """Start (or start again) a host's Patroni; it runs its PostgreSQL as primary or standby."""
@@ -337,18 +333,7 @@ class HaCluster:
                 pass
             node.proc.wait(timeout=10)
         if postmaster is not None:
-            subprocess.run(["pkill", "-KILL", "-P", str(postmaster)], check=False)
-            try:
-                os.kill(postmaster, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(postmaster, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
+            kill_postmaster(postmaster)
 
     def switchover(self, candidate: Node | None = None) -> None:
         """A planned hand-over of the primary, through Patroni's own command."""

@@ -85,7 +85,7 @@ def test_two_arbiters_both_dispatching_never_corrupt_data(db, arbiters):
 def test_the_leader_session_has_the_server_drop_it_when_its_host_goes_silent(db, monkeypatch):
     """The leader lock lives in one server session. An arbiter host that dies without closing it (power,
     a cut link) holds the lock until the server's TCP notices: the session asks the server for
-    keepalives (5 s idle, then 2 probes 2 s apart) instead of the kernel's two hours, so a standby
+    keepalives (3 s idle, then 3 probes 1 s apart) instead of the kernel's two hours, so a standby
     arbiter takes over within seconds. Statement connections do not need them (no lock lives there)."""
     from arbiter.server.config import load_settings
     from arbiter.store import db as store_db
@@ -95,4 +95,4 @@ def test_the_leader_session_has_the_server_drop_it_when_its_host_goes_silent(db,
     with store_db.connect_session(settings) as session:
         shown = {name: session.execute(f"SHOW {name}").fetchone()[0]
                  for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")}
-    assert shown == {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "2"}, shown
+    assert shown == {"tcp_keepalives_idle": "3", "tcp_keepalives_interval": "1", "tcp_keepalives_count": "3"}, shown

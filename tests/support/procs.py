@@ -70,16 +70,18 @@ def request_bytes(path: str, body: dict, credential: str) -> bytes:
 
 class ArbiterProcess:
     def __init__(self, dsn: str, workdir: Path, name: str = "a1", env: dict | None = None,
-                 ca_file: str | None = None, **settings):
-        """``ca_file``: with tls_certfile/tls_keyfile among the settings, the CA the test trusts."""
+                 ca_file: str | None = None, netns: str | None = None, address: str = "127.0.0.1", **settings):
+        """``ca_file``: with tls_certfile/tls_keyfile among the settings, the CA the test trusts.
+        ``netns``: run it in that network namespace (a host of its own), serving on ``address``."""
         self.dsn = dsn
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
+        self.netns = netns
         self.port = free_port()
-        self.url = f"{'https' if settings.get('tls_certfile') else 'http'}://127.0.0.1:{self.port}"
+        self.url = f"{'https' if settings.get('tls_certfile') else 'http'}://{address}:{self.port}"
         self.ssl_context = ssl.create_default_context(cafile=ca_file) if ca_file else None
-        values = dict(FAST, bind=f"127.0.0.1:{self.port}", instance_name=name, **settings)
+        values = dict(FAST, bind=f"{address}:{self.port}", instance_name=name, **settings)
         self.config = self.workdir / f"arbiter-{name}.toml"
         lines = [f"dsn = {json.dumps(dsn)}"] + [f"{k} = {json.dumps(v)}" for k, v in values.items()]
         self.config.write_text("\n".join(lines) + "\n")
@@ -91,8 +93,9 @@ class ArbiterProcess:
         full_env = dict(os.environ, JUDGE_ARBITER_CONFIG=str(self.config), **self.extra_env, **(env or {}))
         full_env.pop("JUDGE_DSN", None)
         self._log = open(self.log_path, "ab")
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []  # ip execs the command: same pid
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), serving.APP],
+            [*prefix, sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), serving.APP],
             env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_for(lambda: self.get("/healthz")[0] == 200, 30, what=f"arbiter {self.name} to serve")

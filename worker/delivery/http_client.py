@@ -13,6 +13,20 @@ from dataclasses import dataclass
 
 from worker.errors import WorkerError
 
+# A parked acquire is silent by design for up to its wait, so silence alone cannot tell a long-poll
+# from an arbiter whose host died or whose link was cut: TCP keepalive probes can (the arbiter's
+# kernel answers them while the request is parked). Gone after about 6 s of unanswered probes, and
+# the worker parks on the next arbiter URL instead of waiting out the long-poll and its margin.
+KEEPALIVE_IDLE_SECS, KEEPALIVE_INTERVAL_SECS, KEEPALIVE_PROBES = 3, 1, 3
+
+
+def _probe_while_parked(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's keepalive times apply
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECS)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+
 
 class Unreachable(WorkerError):
     """No arbiter answered (connection refused/reset, timeout, or every URL said 503)."""
@@ -91,6 +105,7 @@ class ArbiterClient:
             raise Unreachable("stopping: no new acquire")
         if conn.sock is None:
             conn.connect()
+        _probe_while_parked(conn.sock)
         self._acquire_sock = conn.sock
         try:
             if self._acquire_aborted.is_set():  # a stop that came while connecting
@@ -208,7 +223,9 @@ class ArbiterClient:
             body["languages"] = languages
         if slot is not None:
             body["slot"] = slot
-        return self.request("POST", "/v1/acquire", body, timeout=wait_secs + 10, parks=True)
+        # The server may hold it wait_secs; beyond that, the same margin as any request (request_timeout_secs):
+        # an arbiter whose host went silent costs a parked worker no more than that before the next URL.
+        return self.request("POST", "/v1/acquire", body, timeout=wait_secs + self.timeout, parks=True)
 
     def heartbeat(self, submission_id: int, lease_token: str) -> Reply:
         return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token})
