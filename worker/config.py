@@ -29,6 +29,9 @@ class SandboxConfig:
     cgroup_parent: str = cgroups.DEFAULT_PARENT
 
 
+# Each daemon declares its settings in a dataclass of its own (the arbiter's: arbiter/server/config.py,
+# ArbiterSettings): the two lists have the same shape (name: type = default) and share a few names
+# (dsn, tls_*), but they are two programs' configs, read and checked by each alone.
 @dataclass(frozen=True)
 class WorkerConfig:
     worker_id: str
