@@ -32,6 +32,12 @@ def connect_kwargs(settings, session: bool = False) -> dict:
         "keepalives_idle": 5,
         "keepalives_interval": 2,
         "keepalives_count": 2,
+        # Keepalives probe an idle connection; a statement sent on a dead link is not idle, and the
+        # kernel would retransmit it for about 15 minutes while the thread that sent it (the leader's
+        # check, a dispatch round) waits. Sent data left unacknowledged this long closes the
+        # connection instead: an arbiter cut from the database notices, drops the lock it can no longer
+        # use and turns its parked workers away (a slow statement is not affected: it was acknowledged).
+        "tcp_user_timeout": int(settings.db_timeout_secs * 1000) * 2,
         "application_name": f"judge-arbiter{('-' + settings.instance_name) if settings.instance_name else ''}",
         # A statement that hangs longer than this is a stuck database, not work.
         "options": f"-c statement_timeout={int(settings.db_timeout_secs * 1000) * 2} -c lock_timeout=2000",

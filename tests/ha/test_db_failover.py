@@ -11,8 +11,8 @@ after an outage, docs/design.md scenario 7).
 
 Both mechanisms were removed by hand once to see these fail: with ``synchronous=False``
 (asynchronous replication) the paused WAL sender keeps acknowledged writes from the standby and the
-killed-primary test reports them lost; with the janitor's grace after an outage removed, its leases (6 s) run out during the ~20 s
-failover and the test reports the reclaims.
+killed-primary test reports them lost; with the janitor's grace after an outage removed, its leases
+(6 s) run out during the ~20 s failover and the test reports the reclaims.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ BACKLOG = 4
 
 class Site:
     """``dsn``: an empty database. ``arbiters``: name -> ArbiterProcess options (its own ``dsn``,
-    ``netns``, ``address``); by default one arbiter on ``dsn``. Workers list the arbiters in order;
+    ``netns``, ``address``, settings over ARBITER); by default one arbiter on ``dsn``. Workers list the arbiters in order;
     ``worker``: settings over the site's short defaults (WORKER)."""
 
     def __init__(self, dsn: str, root: Path, arbiters: dict[str, dict] | None = None, worker: dict | None = None):
@@ -44,7 +44,7 @@ class Site:
         testdata = root / "testdata"
         write_testdata(testdata, self.problem, APLUSB_TESTS)
         specs = arbiters or {"a1": {}}
-        self.arbiters = {name: ArbiterProcess(spec.pop("dsn", dsn), root, name=name, **spec, **ARBITER)
+        self.arbiters = {name: ArbiterProcess(spec.pop("dsn", dsn), root, name=name, **{**ARBITER, **spec})
                          for name, spec in ((n, dict(s)) for n, s in specs.items())}
         urls = [a.url for a in self.arbiters.values()]
         # An arbiter on a namespace host is reached over plain HTTP on a private link of the test's own.
