@@ -25,6 +25,9 @@ def connect_kwargs(settings, session: bool = False) -> dict:
     to ``dsn``, which may then be a transaction pooler (PgBouncer): no server-side prepared
     statements (a pooler in transaction mode cannot keep them) and no ``options`` startup
     parameter (it refuses it): the timeouts are then the role's settings (docs/runbook.md)."""
+    # A statement that hangs longer than this is a stuck database, not work; sent data left
+    # unacknowledged as long is a dead link.
+    stuck_ms = int(settings.db_timeout_secs * 1000) * 2
     kwargs = {
         "autocommit": True,
         "connect_timeout": max(1, int(settings.db_timeout_secs)),
@@ -37,10 +40,9 @@ def connect_kwargs(settings, session: bool = False) -> dict:
         # check, a dispatch round) waits. Sent data left unacknowledged this long closes the
         # connection instead: an arbiter cut from the database notices, drops the lock it can no longer
         # use and turns its parked workers away (a slow statement is not affected: it was acknowledged).
-        "tcp_user_timeout": int(settings.db_timeout_secs * 1000) * 2,
+        "tcp_user_timeout": stuck_ms,
         "application_name": f"judge-arbiter{('-' + settings.instance_name) if settings.instance_name else ''}",
-        # A statement that hangs longer than this is a stuck database, not work.
-        "options": f"-c statement_timeout={int(settings.db_timeout_secs * 1000) * 2} -c lock_timeout=2000",
+        "options": f"-c statement_timeout={stuck_ms} -c lock_timeout=2000",
     }
     if session:
         # The server's side of keepalives: an arbiter host that dies without closing its connections
