@@ -64,6 +64,9 @@ class ArbiterSettings:
     # stopped. Its absence is not the workers' fault, so a grace period comes before any reclaim.
     absence_grace_after_secs: float = 5.0
     leader_retry_secs: float = 3.0
+    # An acquire at an arbiter that does not lead waits this long for the lock to come (a hand-over
+    # in progress) before it is turned away to the next URL.
+    handover_wait_secs: float = 1.0
     leader_lock_key: int = 0x4A554447  # "JUDG"
     ready_max_round_age_secs: float = 5.0
     stuck_alert_secs: float = 30.0
@@ -153,6 +156,9 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError(f"config key 'canary_language' must be one of {', '.join(sorted(CANARY_PROGRAMS))}")
     if settings.legacy_yield_secs < 0:
         raise ConfigError("config key 'legacy_yield_secs' must be >= 0 (0: never wait for a legacy worker's turn)")
+    if not 0 <= settings.handover_wait_secs <= settings.long_poll_max_secs:
+        raise ConfigError("config key 'handover_wait_secs' must be 0..long_poll_max_secs (0: a standby turns "
+                          "an acquire away at once)")
     if settings.unconfirmed_secs > settings.lease_secs:
         raise ConfigError("unconfirmed_secs must not exceed lease_secs")
     _check_tls(settings)

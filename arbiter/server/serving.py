@@ -11,8 +11,9 @@ What uvicorn does not do, this module adds:
   byte, or from the connection if nothing came): a client that sends half a request line and stops
   is disconnected instead of holding a connection forever (the body has its own deadline in the
   app, 408);
-- on SIGTERM/SIGINT, every parked request is answered at once and nothing parks again, so a stop
-  does not wait out the long-polls (workers go to the next arbiter URL);
+- on SIGTERM/SIGINT, the leader lock is given up and every parked request is answered at once
+  (nothing parks again), so a stop does not wait out the long-polls: workers go to the next arbiter
+  URL, where a standby waiting on the lock already leads;
 - the worker process may open as many descriptors as its hard limit allows (10,000 parked requests
   need more than the usual soft limit of 1,024).
 """
@@ -164,6 +165,9 @@ class ArbiterServer(Server):
 def _close_parking() -> None:
     runtime = getattr(sys.modules.get("arbiter.server.asgi"), "runtime", None)
     if runtime is not None:
+        # The lock first: a standby waiting on it leads within milliseconds, so the workers this turns
+        # away find it leading (a rolling upgrade's hand-over; its requests in flight finish here).
+        runtime.leader.resign()
         runtime.dispatcher.close_parking()
 
 

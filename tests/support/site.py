@@ -33,14 +33,19 @@ class Site:
     ``netns``, ``address``, settings over ARBITER); by default one arbiter on ``dsn``. Workers list the arbiters in order;
     ``worker``: settings over the site's short defaults (WORKER)."""
 
-    def __init__(self, dsn: str, root: Path, arbiters: dict[str, dict] | None = None, worker: dict | None = None):
+    def __init__(self, dsn: str, root: Path, arbiters: dict[str, dict] | None = None, worker: dict | None = None,
+                 slow: bool = True):
         self.dsn = dsn
+        # slow: half the submissions judge for about a second (a fault finds results on their way);
+        # otherwise each judges in a fraction of one, so that leases follow each other closely.
+        self.kinds = ["slow", "slow", "AC", "WA"] if slow else ["AC", "WA"]
         with self.connect() as conn:
             migrations.migrate(conn)
             self.problem = conn.execute("INSERT INTO problems (slug, title, xp_reward) VALUES ('aplusb', 'A+B', 10) "
                                         "RETURNING id").fetchone()[0]
             self.user = conn.execute("INSERT INTO users (name) VALUES ('u') RETURNING id").fetchone()[0]
             creds = {w: add_worker(conn, w) for w in ("home-1", "home-2")}
+        self.credentials = creds
         testdata = root / "testdata"
         write_testdata(testdata, self.problem, APLUSB_TESTS)
         specs = arbiters or {"a1": {}}
@@ -75,7 +80,7 @@ class Site:
         return self
 
     def _submit_loop(self) -> None:
-        kinds = ["slow", "slow", "AC", "WA"]
+        kinds = self.kinds
         n = 0
         while not self.stop_client.is_set():
             try:
@@ -139,13 +144,19 @@ class Site:
                     return at
         return None
 
-    def longest_grant_gap(self, since: float) -> float:
-        """The longest wait between two lease grants after ``since`` (DB time), while work was queued."""
+    def longest_grant_gap(self, since: float, until: float | None = None) -> float:
+        """The longest wait between two lease grants after ``since`` (and up to ``until``; epoch
+        seconds, DB time), while work was queued."""
         with self.connect() as conn:
             times = [t for (t,) in conn.execute(
                 "SELECT extract(epoch FROM granted_at)::float8 FROM lease_grants "
-                "WHERE granted_at > to_timestamp(%s) ORDER BY granted_at", (since,)).fetchall()]
+                "WHERE granted_at > to_timestamp(%s) AND (%s::float8 IS NULL OR granted_at <= to_timestamp(%s)) "
+                "ORDER BY granted_at", (since, until, until)).fetchall()]
         return max(b - a for a, b in zip(times, times[1:]))
+
+    def db_time(self) -> float:
+        with self.connect() as conn:
+            return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
 
     def worker_errors(self) -> list[str]:
         return [line for w in self.workers for line in w.log_text().splitlines() if '"level": "error"' in line]

@@ -115,7 +115,10 @@ class Acquire(Resource):
             raise falcon.HTTPGone(title="lease gone",
                                   description="this request_id was served and its lease is no longer live; "
                                               "acquire with a new request_id")
-        if not self.runtime.leader.is_leader:
+        if self.runtime.dispatcher.stopping:
+            METRICS.inc("arbiter_acquires_total", outcome="stopping")
+            raise unavailable("this arbiter is stopping", 1)
+        if not await _leading_within(self.runtime.leader, self.settings.handover_wait_secs):
             raise unavailable("this arbiter is not the leader", int(self.settings.leader_retry_secs) or 1)
         if not languages:
             raise falcon.HTTPUnprocessableEntity(title="no language", description="no language in common with "
@@ -142,10 +145,25 @@ class Acquire(Resource):
         if lease is not None:
             METRICS.inc("arbiter_acquires_total", outcome="leased")
             return json_reply(resp, falcon.HTTP_200, lease.as_json())
+        if self.runtime.dispatcher.stopping:
+            raise unavailable("this arbiter is stopping", 1)
         if not self.runtime.leader.is_leader:
             raise unavailable("this arbiter lost leadership", int(self.settings.leader_retry_secs) or 1)
         METRICS.inc("arbiter_acquires_total", outcome="nothing")
         resp.status = falcon.HTTP_204
+
+
+async def _leading_within(leader, secs: float) -> bool:
+    """Whether this arbiter leads, now or within ``secs``: a worker turned away by a leader that is
+    stopping comes here while the lock passes over (milliseconds; the standby waits on the lock), and
+    parks here instead of backing off for a Retry-After. A standby with a live leader elsewhere turns
+    the worker away after ``secs``, once, and the worker stays with the leader from then on."""
+    deadline = asyncio.get_running_loop().time() + secs
+    while not leader.is_leader:
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 async def _until_answered_or_gone(ticket: Ticket, wait: float, client_gone) -> None:

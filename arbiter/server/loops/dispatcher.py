@@ -75,6 +75,10 @@ class Dispatcher:
         """The arbiter is stopping: every parked request is answered now and nothing parks again."""
         self.lot.close()
 
+    @property
+    def stopping(self) -> bool:
+        return self.lot.closed
+
     def cancel_all(self) -> None:
         """Leadership lost: every parked request is answered (it will retry elsewhere or later)."""
         self.lot.withdraw_all()

@@ -226,6 +226,10 @@ class ParkingLot:
         self.withdraw_all()
 
     # -- looking ---------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def parked(self) -> list[Ticket]:
         """The tickets a round may match, oldest first."""
         with self._lock:
