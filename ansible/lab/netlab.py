@@ -1,4 +1,4 @@
-"""netlab: the cutover lab -- five hosts on one machine, reached over SSH like real ones.
+"""netlab: the cutover lab -- six hosts on one machine, reached over SSH like real ones.
 
 Each host is a network namespace (its own address on the bridge ``jlab0``) and a
 mount namespace with overlays on /etc, /opt, /var and /run and its own /root, so what Ansible
@@ -39,7 +39,7 @@ from pathlib import Path
 BRIDGE = "jlab0"
 SUBNET = "10.231.0"
 LOCK = Path("/run/judge-netlab.lock")  # held while a lab comes up: two 'up's never interleave
-HOSTS = {"db-1": 10, "arbiter-1": 20, "home-1": 31, "home-2": 32, "prod-1": 41}
+HOSTS = {"db-1": 10, "arbiter-1": 20, "arbiter-2": 21, "home-1": 31, "home-2": 32, "prod-1": 41}
 WORKERS = ("home-1", "home-2", "prod-1")
 OVERLAID = ("etc", "opt", "var", "run")
 PROBLEMS = {  # slug: test cases; the lab's site has these problems before the cutover starts

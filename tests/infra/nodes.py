@@ -31,12 +31,16 @@ def check_db_node(db) -> None:
     assert not db.socket("tcp://0.0.0.0:8080").is_listening
 
 
-def check_arbiter_node(arbiter, stage: int) -> None:
+ARBITERS = ("arbiter-1", "arbiter-2")
+
+
+def check_arbiter_node(arbiter, stage: int) -> bool | None:
+    """Returns whether this arbiter leads (None below stage 2: none runs)."""
     listening = arbiter.socket("tcp://0.0.0.0:8080").is_listening
     if stage < 2:
         assert not listening, "below stage 2 no arbiter may run"
         assert not arbiter.file("/etc/judge-arbiter/programs/judge-arbiter.conf").exists
-        return
+        return None
     assert listening
     status = arbiter.run(SUPERVISORCTL.format(name="judge-arbiter") + " status judge-arbiter")
     assert "RUNNING" in status.stdout, status.stdout
@@ -50,16 +54,23 @@ def check_arbiter_node(arbiter, stage: int) -> None:
     assert 'tls_certfile = "/etc/judge-arbiter/tls/server.crt"' in conf.content_string
     key = arbiter.file("/etc/judge-arbiter/tls/server.key")
     assert key.mode == 0o600 and key.user == "judge-arbiter"
+    # Ready and leading (200), or standing by (503: the database answers, another arbiter leads).
     ready = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
-        "import ssl, urllib.request\n"
+        "import json, ssl, urllib.request, urllib.error\n"
         "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
-        "print(urllib.request.urlopen('https://127.0.0.1:8080/readyz', timeout=5, context=ctx).status)\n"
+        "try:\n"
+        "    r = urllib.request.urlopen('https://127.0.0.1:8080/readyz', timeout=5, context=ctx)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    r = e\n"
+        "body = json.loads(r.read())\n"
+        "print(r.status, 'leader' if body['leader'] else 'standby', 'db_up' if body['db_up'] else 'db_down')\n"
         "try:\n"
         "    urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5)\n"
         "    print('plaintext answered')\n"
         "except Exception:\n"
         "    print('no plaintext')\n"))
-    assert ready.stdout.splitlines() == ["200", "no plaintext"], ready.stdout + ready.stderr
+    assert ready.stdout.splitlines() in (["200 leader db_up", "no plaintext"], ["503 standby db_up", "no plaintext"]), \
+        ready.stdout + ready.stderr
     # The lab sets an operator token: /metrics answers only to it, even on loopback. The check reads
     # the token on the host itself, so it never crosses a command line.
     token = arbiter.file("/etc/judge-arbiter/operator-token")
@@ -77,6 +88,17 @@ def check_arbiter_node(arbiter, stage: int) -> None:
         "    except urllib.error.HTTPError as e:\n"
         "        print(e.code)\n"))
     assert metrics.stdout.split() == ["401", "200"], metrics.stdout + metrics.stderr
+    return ready.stdout.startswith("200 leader")
+
+
+def check_arbiters(nodes: dict, stage: int) -> str | None:
+    """Every arbiter host passes its checks and, from stage 2 on, exactly one leads; returns it."""
+    leads = {name: check_arbiter_node(nodes[name], stage) for name in ARBITERS}
+    if stage < 2:
+        return None
+    leaders = [name for name, leader in leads.items() if leader]
+    assert len(leaders) == 1, f"arbiters leading: {leaders} (exactly one must)"
+    return leaders[0]
 
 
 def check_worker_node(node, worker: str, stage: int) -> None:
@@ -129,7 +151,7 @@ def check_legacy_logins(nodes: dict, passwords: dict, stage: int) -> None:
 
 def check_all(nodes: dict, passwords: dict, stage: int) -> None:
     check_db_node(nodes["db-1"])
-    check_arbiter_node(nodes["arbiter-1"], stage)
+    check_arbiters(nodes, stage)
     for worker in HOME + PRODUCTION:
         check_worker_node(nodes[worker], worker, stage)
     check_legacy_logins(nodes, passwords, stage)

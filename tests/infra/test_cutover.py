@@ -1,6 +1,6 @@
 """The four-stage cutover and its rollback, by the Ansible playbooks, on the multi-host lab.
 
-ansible/lab/netlab.py brings up five hosts (network + mount namespaces, each with its own sshd, the
+ansible/lab/netlab.py brings up six hosts (two arbiters) (network + mount namespaces, each with its own sshd, the
 db host with a real PostgreSQL holding a legacy site). First the documented procedure on the idle
 lab, nobody submitting (every worker switch is proven by its gate's canary alone); then the whole
 cutover again with submissions arriving the whole time, run exactly as an operator runs it: a
@@ -104,7 +104,7 @@ class Flow(threading.Thread):
     """The site's users: a submission every second, alternately right and wrong, the whole time.
 
     Every worker switch and rollback step (several seconds each) happens with submissions in flight;
-    a faster trickle only adds judging load to the machine that also runs the five hosts. The users
+    a faster trickle only adds judging load to the machine that also runs the six hosts. The users
     can be sent home for a while (pause/resume), as on a quiet night."""
 
     def __init__(self, lab: Lab):
@@ -252,8 +252,11 @@ REFUSED = re.compile(r'^arbiter_requests_total\{[^}]*status="401"[^}]*\} (\S+)$'
 
 
 def refused_by_arbiter(lab: Lab) -> float:
-    """The arbiter's count of 401 answers, read on its host with the operator token (never on a command line)."""
-    node = lab.nodes()["arbiter-1"]
+    """The arbiters' count of 401 answers, read on their hosts with the operator token (never on a command line)."""
+    return sum(_refused_by(lab.nodes()[name]) for name in node_checks.ARBITERS)
+
+
+def _refused_by(node) -> float:
     text = node.run("/usr/bin/python3 -c " + shlex.quote(
         "import ssl, urllib.request\n"
         "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
@@ -291,6 +294,35 @@ def rotate_worker_credentials(lab: Lab, flow: Flow) -> None:
              what="home-1 to judge through the arbiter with its new credential")
     settled(lab, flow)
     assert refused_by_arbiter(lab) == refused, f"worker requests refused during the rotation (from {ended})"
+
+
+def upgrade(lab: Lab, flow: Flow) -> None:
+    """A new release under the flow, by upgrade.yml: the arbiters one at a time, the leader last (the
+    lock handed over once), the workers one at a time. The preview and a second run change nothing
+    further; nothing is lost, stuck or misjudged, no lease is granted twice for a submission (a
+    reclaim would be), and exactly one arbiter leads: the one that stood by."""
+    # The new release: the same wheels and a release note, so that the archive changes and every host
+    # installs it again (pip reinstalls; every service restarts on it).
+    (lab.base / "RELEASE").write_text(f"lab release {time.time()}\n")
+    subprocess.run(["tar", "-rf", str(lab.base / "wheelhouse.tar"), "-C", str(lab.base), "RELEASE"], check=True)
+    leader = node_checks.check_arbiters(lab.nodes(), lab.stage)
+    preview = lab.play("upgrade.yml", check=True)
+    assert not any(c["failed"] for c in preview.values())
+    since = db_now(lab)
+    started = time.monotonic()
+    recap = lab.play("upgrade.yml")
+    print(f"upgrade.yml: {time.monotonic() - started:.0f} s")
+    unchanged = [h for h in lab.info["hosts"] if recap[h]["changed"] == 0]
+    assert not unchanged, f"hosts that did not take the new release: {unchanged}"
+    assert_no_change(lab.play("upgrade.yml"))
+    settled(lab, flow)
+    after = node_checks.check_arbiters(lab.nodes(), lab.stage)
+    assert after != leader, f"{leader} still leads: the leader was not upgraded last, or the lock went back"
+    with lab.connect() as conn:
+        twice = conn.execute("SELECT submission_id, count(*) FROM lease_grants WHERE granted_at >= %s "
+                             "GROUP BY submission_id HAVING count(*) > 1", (since,)).fetchall()
+    assert not twice, f"submissions leased again during the upgrade (a reclaim or a release): {twice}"
+    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], lab.stage)
 
 
 def reach_stage(lab: Lab, stage: int) -> None:
@@ -438,6 +470,7 @@ def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
     passwords = lab.secrets["judge_legacy_db_passwords"]
     for stage in (2, 3, 4):
         forward(lab, flow, stage)
+    upgrade(lab, flow)
     rotate_worker_credentials(lab, flow)
 
     for target in (3, 2, 1, 0):
