@@ -29,3 +29,7 @@ ORDER BY s.id;
 -- name: canary_summary
 SELECT count(*) FILTER (WHERE status = canary_expect), count(*)
 FROM submissions WHERE canary_expect IS NOT NULL AND status NOT IN ('pending', 'judging');
+
+-- name: first_grant_after
+-- When the first lease after a moment (epoch seconds) was granted, by the database's clock (--ha).
+SELECT extract(epoch FROM min(granted_at))::float8 FROM lease_grants WHERE granted_at > to_timestamp(%(at)s);

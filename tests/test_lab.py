@@ -1,4 +1,4 @@
-"""README command one: the local lab judges every sample with the right verdict, also under --chaos."""
+"""README command one: the local lab judges every sample with the right verdict, also under --chaos and --ha."""
 
 from __future__ import annotations
 
@@ -59,3 +59,26 @@ def test_lab_chaos_kills_programs_and_loses_nothing(lab_dir):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "33 submissions, 33 with the expected verdict, 0 judged twice with the same test data, 0 lost" in result.stdout
     assert ", 0 left judged with the old" in result.stdout, result.stdout[-3000:]
+
+
+def test_lab_ha_fails_the_database_over_and_the_arbiter_and_loses_nothing(lab_dir):
+    """``bash .ci/lab --ha``: PostgreSQL on two hosts under Patroni (three etcd members), two arbiters;
+    a third of the way the database primary dies (-9, the whole host), then the leading arbiter; each
+    fault is followed by a lease, the killed database host streams again, and every submission gets
+    its verdict once. Removed by hand once: with the arbiters' DSN naming the first host only (no
+    multi-host DSN) no lease followed the failover and the lab timed out."""
+    result = run_lab(lab_dir, "--ha")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "33 submissions, 33 with the expected verdict, 0 judged twice with the same test data, 0 lost" in result.stdout
+    failover = re.search(r"^database failover: primary (pg\d) killed -9; first lease on the new primary \((pg\d)\) "
+                         r"([\d.]+) s after$", result.stdout, re.M)
+    assert failover and failover.group(1) != failover.group(2), result.stdout[-3000:]
+    takeover = re.search(r"^arbiter takeover: (arbiter-\d) \(the leader\) killed -9; first lease ([\d.]+) s after, "
+                         r"(arbiter-\d) leading$", result.stdout, re.M)
+    assert takeover and takeover.group(1) != takeover.group(3), result.stdout[-3000:]
+    assert re.search(rf"^database hosts: .*{failover.group(1)} sync_standby.*; the killed one streams again",
+                     result.stdout, re.M), result.stdout[-3000:]
+    print(failover.group(0), takeover.group(0), sep="\n")
+    toml = (lab_dir / "home-1" / "worker.toml").read_text()
+    assert toml.count("https://127.0.0.1:") == 2, "workers list both arbiters"
+    assert "target_session_attrs=read-write" in (lab_dir / "arbiter-1.toml").read_text()

@@ -46,8 +46,10 @@ def job(language: str, verdict: str = "AC") -> Job:
 @pytest.mark.parametrize("language", ["python3", "c"])
 def test_a_sandbox_that_cannot_start_raises_instead_of_judging(judge, language):
     with SandboxOutage(IDENTITY):
-        with pytest.raises(SandboxFailure, match="did not start the program"):
+        with pytest.raises(SandboxFailure, match="did not start the program") as failure:
             judge.judge(job(language))
+    # The chain's own words come with the failure (the worker logs them): here the outage's cause.
+    assert "Resource temporarily unavailable" in str(failure.value), str(failure.value)
     assert judge.judge(job(language)).verdict == "AC"
     assert judge.judge(job(language, "CE")).verdict == "CE"  # real compiler diagnostics stay CE
 

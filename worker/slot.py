@@ -161,7 +161,7 @@ class JudgeSlot:
                 if delay is None:
                     raise
                 self._log(logging.WARNING, "sandbox failed; judging again", submission_id=job.submission_id,
-                          error=str(exc)[:300], retry_in_secs=delay)
+                          error=str(exc)[:600], retry_in_secs=delay)
                 if lost.wait(delay):
                     raise JudgeCancelled() from exc
 
@@ -245,7 +245,7 @@ class JudgeSlot:
                 self._hand_back(assignment, keepalive, "sandbox keeps failing", f"sandbox failure: {exc}")
                 return None
             self._log(logging.ERROR, "sandbox keeps failing; reporting system_error",
-                      submission_id=job.submission_id, error=str(exc)[:300])
+                      submission_id=job.submission_id, error=str(exc)[:600])
             return Verdict(VerdictCode.system_error, detail={"reason": f"sandbox failure: {exc}"})
         except CannotJudgeHere as exc:
             if assignment.lease_token is not None:

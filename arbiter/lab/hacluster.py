@@ -298,28 +298,30 @@ class HaCluster:
                 raise ClusterError(f"timed out waiting for {what}; members: {self.members()}; logs in {self.base}")
             time.sleep(0.2)
 
-    def wait_replicated(self, timeout: float = 120) -> None:
+    def replicated(self) -> bool:
         """Every running host streams from the primary, and (synchronous mode) one is its sync standby."""
-        def done():
-            # PostgreSQL's own word (pg_stat_replication on the primary), not Patroni's summary of it.
-            primary = self.primary()
-            if primary is None:
-                return False
-            try:
-                with psycopg.connect(self.node_dsn(primary), connect_timeout=2) as conn:
-                    rows = conn.execute("SELECT application_name, state, sync_state FROM pg_stat_replication").fetchall()
-            except psycopg.Error:
-                return False
-            standbys = {n.name for n in self.nodes if n.alive()} - {primary.name}
-            streaming = {name for name, state, _ in rows if state == "streaming"}
-            synced = {name for name, _, sync in rows if sync == "sync"}
-            if not self.synchronous or not standbys:
-                return standbys <= streaming
-            # Synchronous: PostgreSQL waits for a standby's flush, and Patroni names it in etcd (only a
-            # standby named there may be promoted).
-            sync = self.sync_standby()
-            return standbys <= streaming and bool(synced & standbys) and sync is not None and sync.name in synced
-        self.wait_for(done, timeout, "every standby streaming" + (" and a synchronous standby" if self.synchronous else ""))
+        # PostgreSQL's own word (pg_stat_replication on the primary), not Patroni's summary of it.
+        primary = self.primary()
+        if primary is None:
+            return False
+        try:
+            with psycopg.connect(self.node_dsn(primary), connect_timeout=2) as conn:
+                rows = conn.execute("SELECT application_name, state, sync_state FROM pg_stat_replication").fetchall()
+        except psycopg.Error:
+            return False
+        standbys = {n.name for n in self.nodes if n.alive()} - {primary.name}
+        streaming = {name for name, state, _ in rows if state == "streaming"}
+        synced = {name for name, _, sync in rows if sync == "sync"}
+        if not self.synchronous or not standbys:
+            return standbys <= streaming
+        # Synchronous: PostgreSQL waits for a standby's flush, and Patroni names it in etcd (only a
+        # standby named there may be promoted).
+        sync = self.sync_standby()
+        return standbys <= streaming and bool(synced & standbys) and sync is not None and sync.name in synced
+
+    def wait_replicated(self, timeout: float = 120) -> None:
+        self.wait_for(self.replicated, timeout,
+                      "every standby streaming" + (" and a synchronous standby" if self.synchronous else ""))
 
     # -- what a test does to a host ------------------------------------------------------
     def kill_host(self, node: Node) -> None:

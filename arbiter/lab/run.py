@@ -5,27 +5,35 @@ workers home-1, home-2 and prod-1, all run by supervisord as in production,
 sample problems with test data and a batch of real submissions with mixed
 verdicts. Shows live progress until everything is judged, then a summary
 table. ``--chaos`` kill -9s programs along the way (supervisord restarts them).
-Ctrl-C stops everything it started.
+``--ha`` runs the replicated topology instead: PostgreSQL on two hosts under
+Patroni with three etcd members (arbiter/lab/hacluster.py) and two arbiters,
+and in the middle of the run kills the database primary (-9, the whole host),
+then the leading arbiter; the summary says how long each took to be followed
+by a lease. Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 import random
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psycopg
 
 from arbiter.ctl import tlsfiles
-from arbiter.lab import devcluster
+from arbiter.lab import devcluster, hacluster
 from arbiter.server import serving
 from arbiter.store import credentials, leases, migrations
 from arbiter.store.sqlfiles import Statements
@@ -68,11 +76,31 @@ def _write_testdata(root: Path, problem_id: int, cases) -> None:
         (d / f"{i}.out").write_text(expected)
 
 
+class JudgectlError(RuntimeError):
+    pass
+
+
+class HaPhase(enum.Enum):
+    """--ha: what the run does to the site next. Each fault is timed to the first lease granted after
+    it; the old primary rejoins meanwhile, and the run ends only once it streams again."""
+    BEFORE = "before the database failover"
+    DB_KILLED = "database primary killed, waiting for a lease"
+    ARBITER_KILLED = "leading arbiter killed, waiting for a lease"
+    REJOINING = "old primary rejoining as a standby"
+    DONE = "both faults over, every database host streaming"
+
+
 class Lab:
-    def __init__(self, base: Path, copies: int, chaos: bool):
+    def __init__(self, base: Path, copies: int, chaos: bool, ha: bool = False):
         self.base = base
         self.copies = copies
         self.chaos = chaos
+        self.ha = ha
+        self.ha_phase = HaPhase.BEFORE
+        self.ha_report: list[str] = []
+        self._struck_at = 0.0
+        self._struck = ""
+        self.arbiter_urls: dict[str, str] = {}
         self.programs: list[str] = []
         self.supervisord: subprocess.Popen | None = None
         self.cluster = None
@@ -108,7 +136,11 @@ class Lab:
     def setup(self) -> dict[int, str]:
         print(f"lab directory: {self.base}\n"
               f"programs run by supervisord: supervisorctl -c {self.base}/supervisord.conf status")
-        self.cluster = devcluster.LocalCluster(self.base / "pg").init().start()
+        if self.ha:
+            print("starting three etcd members and two PostgreSQL hosts under Patroni (synchronous replication)")
+            self.cluster = hacluster.HaCluster(self.base / "ha").start()
+        else:
+            self.cluster = devcluster.LocalCluster(self.base / "pg").init().start()
         with psycopg.connect(self.cluster.dsn(), autocommit=True) as admin:
             admin.execute("CREATE DATABASE judge")
         self.dsn = self.cluster.dsn("judge")
@@ -138,22 +170,27 @@ class Lab:
                 for (slug, lang, verdict), source in SAMPLES.items():
                     sid = leases.submit(conn, rng.choice(users), problems[slug], lang, source)
                     expected[sid] = verdict
-        port = devcluster.free_port()
         # HTTPS as in production: the lab's own CA, the arbiter's certificate, workers trusting that CA only.
         self.ca_file, _ = tlsfiles.ensure_ca(self.base / "tls" / "ca", "judge-lab CA")
         certfile, keyfile, _ = tlsfiles.issue_server_cert(self.base / "tls" / "ca", self.base / "tls", ["127.0.0.1"])
-        self.url = f"https://127.0.0.1:{port}"
-        conf = self.base / "arbiter.toml"
-        conf.write_text(f"dsn = {json.dumps(self.dsn)}\nbind = \"127.0.0.1:{port}\"\nlease_secs = 20.0\n"
-                        f"unconfirmed_secs = 5.0\ngrace_secs = 20.0\ntls_certfile = \"{certfile}\"\n"
-                        f"tls_keyfile = \"{keyfile}\"\n"
-                        # --chaos kills a program every few seconds, far more often than any site loses a
-                        # worker: a slow submission can lose three leases in a row to it and would end
-                        # system_error by the poison rule (max_attempts 3), which is not what the lab tests.
-                        + ("max_attempts = 10\n" if self.chaos else ""))
         gunicorn_conf = Path(__file__).resolve().parents[1] / "server" / "gunicorn.conf.py"
-        programs = [self._program("arbiter", [sys.executable, "-m", "gunicorn", "-c", str(gunicorn_conf),
-                                              serving.APP], {"JUDGE_ARBITER_CONFIG": str(conf)})]
+        programs = []
+        # --ha: two arbiters (one leads, the other waits on the leader lock), in every worker's list.
+        for name in ("arbiter-1", "arbiter-2") if self.ha else ("arbiter",):
+            port = devcluster.free_port()
+            self.arbiter_urls[name] = f"https://127.0.0.1:{port}"
+            conf = self.base / f"{name}.toml"
+            conf.write_text(f"dsn = {json.dumps(self.dsn)}\nbind = \"127.0.0.1:{port}\"\nlease_secs = 20.0\n"
+                            f"unconfirmed_secs = 5.0\ngrace_secs = 20.0\ntls_certfile = \"{certfile}\"\n"
+                            f"tls_keyfile = \"{keyfile}\"\ninstance_name = \"{name}\"\n"
+                            # --chaos kills a program every few seconds, far more often than any site loses a
+                            # worker: a slow submission can lose three leases in a row to it and would end
+                            # system_error by the poison rule (max_attempts 3), which is not what the lab tests.
+                            + ("max_attempts = 10\n" if self.chaos else ""))
+            programs.append(self._program(name, [sys.executable, "-m", "gunicorn", "-c", str(gunicorn_conf),
+                                                 serving.APP], {"JUDGE_ARBITER_CONFIG": str(conf)}))
+        self.url = next(iter(self.arbiter_urls.values()))
+        urls = ", ".join(f'"{u}"' for u in self.arbiter_urls.values())
         work = Path(tempfile.mkdtemp(prefix="judge-lab-work-", dir="/tmp"))
         work.chmod(0o711)
         self.work = work
@@ -164,7 +201,7 @@ class Lab:
             (home / "credential").chmod(0o600)
             (home / "worker.toml").write_text(
                 f'worker_id = "{wid}"\nkind = "{"production" if wid.startswith("prod") else "home"}"\n'
-                f'transport = "arbiter"\narbiter_urls = ["{self.url}"]\ncredential_file = "{home / "credential"}"\n'
+                f'transport = "arbiter"\narbiter_urls = [{urls}]\ncredential_file = "{home / "credential"}"\n'
                 f'tls_ca_file = "{self.ca_file}"\n'
                 f'outbox_dir = "{home / "outbox"}"\ntestdata_dir = "{testdata}"\nwork_dir = "{work / wid}"\n'
                 'heartbeat_interval_secs = 5.0\nlong_poll_secs = 10.0\nbackoff_max_secs = 5.0\n'
@@ -188,12 +225,69 @@ class Lab:
             except ProcessLookupError:
                 pass
 
+    def leading_arbiter(self) -> str | None:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        for name, url in self.arbiter_urls.items():
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=2, context=context) as reply:
+                    body = json.load(reply)
+            except urllib.error.HTTPError as exc:
+                body = json.load(exc)
+            except (OSError, ValueError):
+                continue
+            if body.get("leader"):
+                return name
+        return None
+
+    def ha_step(self, conn, done: int, total: int, elapsed: float) -> None:
+        """--ha: a third of the way, kill the database primary; once a lease follows, start its host
+        again (it rejoins as a standby) and kill the leading arbiter (supervisord starts it again, as
+        a standby); once a lease follows that too, wait for every database host to stream."""
+        phase = self.ha_phase
+        if phase is HaPhase.BEFORE and done >= total // 3:
+            primary = self.cluster.primary()
+            if primary is None:
+                return
+            self.cluster.kill_host(primary)
+            # Timed from the kill's end: a lease whose transaction began before it may still come through
+            # (its commit was on the standby already), and is no lease of the new primary's.
+            self._struck, self._struck_at = primary.name, time.time()
+            self.ha_phase = HaPhase.DB_KILLED
+            print(f"\n[{elapsed:5.1f}s] database primary {primary.name} killed -9 (the whole host)")
+        elif phase in (HaPhase.DB_KILLED, HaPhase.ARBITER_KILLED):
+            first = conn.execute(LAB.first_grant_after, {"at": self._struck_at}).fetchone()[0]
+            if first is None:
+                return
+            if phase is HaPhase.DB_KILLED:
+                primary = self.cluster.primary()
+                self.ha_report.append(f"database failover: primary {self._struck} killed -9; first lease on the new "
+                                      f"primary ({primary.name if primary else '?'}) {first - self._struck_at:.1f} s after")
+                print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}; {self._struck} starts again")
+                self.cluster.start_node(self.cluster.node(self._struck))
+                leader = self.leading_arbiter()
+                pid = self._supervisorctl("pid", leader).stdout.strip() if leader else ""
+                if not pid.isdigit() or int(pid) == 0:
+                    raise RuntimeError(f"no leading arbiter to kill (readyz: {leader}, pid {pid!r})")
+                os.killpg(int(pid), signal.SIGKILL)
+                self._struck, self._struck_at = leader, time.time()
+                self.ha_phase = HaPhase.ARBITER_KILLED
+                print(f"[{elapsed:5.1f}s] the leading arbiter {leader} killed -9")
+            else:
+                self.ha_report.append(f"arbiter takeover: {self._struck} (the leader) killed -9; first lease "
+                                      f"{first - self._struck_at:.1f} s after, {self.leading_arbiter()} leading")
+                self.ha_phase = HaPhase.REJOINING
+                print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}")
+        elif phase is HaPhase.REJOINING and self.cluster.replicated():
+            members = ", ".join(f"{m['name']} {m['role']}" for m in self.cluster.members())
+            self.ha_report.append(f"database hosts: {members}; the killed one streams again, as the synchronous standby")
+            self.ha_phase = HaPhase.DONE
+
     def judgectl(self, *args: str) -> str:
         """The operator's own tool, as an operator would run it."""
         done = subprocess.run([str(Path(sys.executable).with_name("judgectl")), *args], capture_output=True,
                               text=True, timeout=120, env=dict(os.environ, JUDGE_DSN=self.dsn))
         if done.returncode != 0:
-            raise RuntimeError(f"judgectl {' '.join(args)}: {done.stderr.strip()}")
+            raise JudgectlError(f"judgectl {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
     def store_test_data(self) -> None:
@@ -231,7 +325,9 @@ class Lab:
                 self.supervisord.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.supervisord.pid, signal.SIGKILL)
-        if self.cluster is not None:
+        if isinstance(self.cluster, hacluster.HaCluster):
+            self.cluster.destroy()
+        elif self.cluster is not None:
             self.cluster.stop("fast")
         shutil.rmtree(getattr(self, "work", "/nonexistent"), ignore_errors=True)
 
@@ -240,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="judge-lab", description=__doc__.splitlines()[0])
     parser.add_argument("--copies", type=int, default=3, help="copies of the sample batch (11 submissions each)")
     parser.add_argument("--chaos", action="store_true", help="kill -9 the arbiter and workers during the run")
+    parser.add_argument("--ha", action="store_true", help="the replicated topology (Patroni, etcd, two arbiters); "
+                        "kill the database primary, then the leading arbiter, during the run")
     parser.add_argument("--dir", help="lab directory (default: a new temporary one)")
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
     base = Path(args.dir or tempfile.mkdtemp(prefix="judge-lab-"))
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # the postgres user and the sandbox uid must reach their subdirectories
-    lab = Lab(base, args.copies, args.chaos)
+    lab = Lab(base, args.copies, args.chaos, args.ha)
     interrupted = False
 
     def on_signal(signum, frame):
@@ -258,8 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         lab.store_test_data()
         started = time.monotonic()
         print(f"{len(expected)} submissions queued; arbiter at {lab.url}/status (the lab's CA: {lab.ca_file})")
-        with psycopg.connect(lab.dsn, autocommit=True) as conn:
-            while True:
+        conn = None
+        while True:
+            try:
+                if conn is None:
+                    conn = psycopg.connect(lab.dsn, autocommit=True, connect_timeout=3)
                 counts, per_worker = lab.progress(conn)
                 queued = counts.get("pending", 0)
                 judging = counts.get("judging", 0)
@@ -269,19 +370,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\r[{time.monotonic() - started:5.1f}s] queue {queued:3d}  judging {judging:2d} "
                       f"(leases {leases_text})  done {done}/{len(expected)}  {verdicts}"
                       + (f"  kills {lab.kills}" if args.chaos else "") + "   ", end="", flush=True)
+                if lab.ha:
+                    lab.ha_step(conn, done, len(expected), time.monotonic() - started)
                 if not lab.data_changed and conn.execute(LAB.decided_of_problem,
                                                          {"slug": CHANGED_PROBLEM}).fetchone()[0]:
                     lab.change_test_data()
                     print(f"\n[{time.monotonic() - started:5.1f}s] test data of {CHANGED_PROBLEM} changed "
                           "(judgectl problem data); rejudging what was judged with the old data")
-                if done == len(expected) and not (lab.data_changed and lab.rejudge_stale()):
+                finished = done == len(expected) and (not lab.ha or lab.ha_phase is HaPhase.DONE)
+                if finished and not (lab.data_changed and lab.rejudge_stale()):
                     break
-                if time.monotonic() - started > args.timeout:
-                    print("\nlab: timed out", file=sys.stderr)
-                    return 1
-                lab.unleash_chaos()
-                time.sleep(0.5)
-            print()
+            except (psycopg.OperationalError, JudgectlError):
+                if not lab.ha:
+                    raise
+                # --ha: the database primary is moving; the lab asks again, as every client does.
+                if conn is not None:
+                    conn.close()
+                conn = None
+            if time.monotonic() - started > args.timeout:
+                print(f"\nlab: timed out{f' ({lab.ha_phase.value})' if lab.ha else ''}", file=sys.stderr)
+                return 1
+            lab.unleash_chaos()
+            time.sleep(0.5)
+        print()
+        with conn:
             rows = conn.execute(LAB.summary).fetchall()
             canaries = conn.execute(LAB.canary_summary).fetchone()
         wrong = stale = 0
@@ -302,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"test data of {CHANGED_PROBLEM} changed mid-run: {len(lab.rejudged)} submission(s) rejudged with "
               f"the new data, {stale} left judged with the old")
         print(f"canaries of the arbiter's probe: {canaries[0]} of {canaries[1]} as expected")
+        for line in lab.ha_report:
+            print(line)
         return 0 if wrong == 0 and twice == 0 and stale == 0 and canaries[0] == canaries[1] else 1
     except KeyboardInterrupt:
         interrupted = True

@@ -19,6 +19,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -229,9 +230,12 @@ class Sandbox:
         code = os.waitstatus_to_exitcode(status)
         if not program_started and not (cancelled is not None and cancelled.is_set()):
             killed = ended - launched >= START_TIMEOUT_SECS
+            # The chain's own words (launcher.c, bwrap) are on the run's stderr: the failure carries
+            # them, so that the worker's log says why (exec refused, a limit not set, a mount failed).
+            said = _last_words(stderr, err_pump)
             raise SandboxFailure(f"the sandbox did not start the program (exit status {code}"
-                                 f"{f', killed after {START_TIMEOUT_SECS:.0f}s' if killed else ''}); "
-                                 "its own message is in the run's stderr")
+                                 f"{f', killed after {START_TIMEOUT_SECS:.0f}s' if killed else ''}): "
+                                 + (said or "its own message is in the run's stderr"))
         if report.done is not None:
             # The program's own end and figures, from the launcher: nothing of the launch chain, no
             # page cache (the cgroup's peak counts the input the program read; its RSS does not).
@@ -320,3 +324,21 @@ def build_launcher(directory: Path) -> Path:
     except OSError as exc:
         raise SandboxUnavailable(f"cannot build the sandbox launcher in {directory}: {exc}") from exc
     return target
+
+
+def _last_words(stderr, err_pump, limit: int = 300) -> str:
+    """The end of what the run wrote on stderr, on one line: from the pump, or from a regular file the
+    run was given (a pipe or DEVNULL has nothing to read back)."""
+    if err_pump is not None:
+        text = err_pump.tail_text()
+    else:
+        try:
+            # Opened again for reading: the run's file may be write-only (a compile log).
+            with open(f"/proc/self/fd/{stderr.fileno()}", "rb") as again:
+                if not stat.S_ISREG(os.fstat(again.fileno()).st_mode):
+                    return ""
+                again.seek(max(0, os.fstat(again.fileno()).st_size - 4 * limit))
+                text = again.read().decode(errors="replace")
+        except (AttributeError, OSError, ValueError):
+            return ""
+    return " ".join(text.split())[-limit:]
