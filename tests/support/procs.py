@@ -98,10 +98,19 @@ class ArbiterProcess:
             [*prefix, sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), serving.APP],
             env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_for(lambda: self.get("/healthz")[0] == 200, 30, what=f"arbiter {self.name} to serve")
+        wait_for(self._serving, 30, what=f"arbiter {self.name} to serve")
         if wait_ready:
             self.wait_ready()
         return self
+
+    def _serving(self) -> bool:
+        """/healthz answers; an arbiter that exited (a port taken meanwhile, a bad config) fails at once,
+        with its last words, instead of being waited for."""
+        if self.proc.poll() is not None:
+            tail = self.log_text().strip().splitlines()[-5:]
+            raise AssertionError(f"arbiter {self.name} exited ({self.proc.returncode}) before serving: "
+                                 + " | ".join(tail))
+        return self.get("/healthz")[0] == 200
 
     def wait_ready(self, timeout: float = 20) -> None:
         wait_for(lambda: self.get("/readyz")[0] == 200, timeout, what=f"arbiter {self.name} to be ready")
