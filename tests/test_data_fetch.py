@@ -95,6 +95,43 @@ def test_a_worker_without_the_data_or_with_stale_data_fetches_it_and_judges_with
     assert log.count("test file fetched") == 2, log  # 4.in and 4.out
 
 
+def test_a_local_disk_fault_hands_the_lease_back_and_the_submission_is_judged_once_fixed(db, arbiters, workers,
+                                                                                        tmp_path):
+    """A fault of the worker's own host is never a verdict: its data cache is a file where a directory
+    should be (as a full or read-only disk, mkdir fails) when a lease needs data fetched. The worker
+    hands the lease back (no system_error) and, the disk fixed, judges the submission right. Removed by
+    hand once: without the hand-back of local faults (worker/judging/judge.py) the submission ended
+    system_error, "judge error: NotADirectoryError" (issue #31's finding)."""
+    site = aplusb_site(db, tmp_path)
+    new_dir = write_testdata(tmp_path / "new", site.problem, NEW_TESTS)
+    assert judgectl(db, "problem", "data", "aplusb", str(new_dir)).returncode == 0
+    a = arbiters.start(db.dsn)
+    w = workers("home-1", "home", "arbiter", site.testdata, arbiter_urls=[a.url], credential=site.cred,
+                **FAST).start()
+    wait_for(lambda: a.metric("arbiter_parked_requests") >= 1, 30, what="the worker asking for work")
+    cache = w.home / "data"  # the default data_dir, next to the outbox
+    if cache.exists():
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+    cache.write_text("a file where the cache directory should be\n")
+    with db.connect() as conn:
+        sid = leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["AC"])
+
+        def decided():
+            return conn.execute("SELECT verdict, detail::text FROM submission_judgings WHERE submission_id = %s",
+                                (sid,)).fetchall()
+
+        wait_for(lambda: "a local fault of this host" in w.log_text() or decided(), 30,
+                 what="the lease handed back")
+        assert not decided(), f"a local fault decided the submission: {decided()}"
+        cache.unlink()  # the operator frees the disk
+        wait_for(lambda: conn.execute("SELECT status FROM submissions WHERE id = %s", (sid,)).fetchone()[0]
+                 not in ("pending", "judging"), 60, 0.2, what="the submission judged")
+        judgings = conn.execute("SELECT verdict, data_digest FROM submission_judgings WHERE submission_id = %s",
+                                (sid,)).fetchall()
+    assert judgings == [("AC", testdata.directory_digest(new_dir))], judgings
+    assert "handing the lease back" in w.log_text()
+
+
 def test_empty_test_files_are_fetched_as_files(db, arbiters, workers, tmp_path):
     """A "Hello, World!" problem: its inputs are empty files. A worker with no copy of the data fetches
     every file, the empty one included, and judges AC; once, the empty file's download made no

@@ -47,6 +47,11 @@ def test_good_config_loads(tmp_path):
     (lambda t: t.replace('worker_id = "home-1"', 'worker_id = "Home 1"'), "worker_id must be"),
     (lambda t: t.replace('worker_id = "home-1"', 'worker_id = "home-2"'), "credential for another worker"),
     (lambda t: t.replace('testdata_dir = "{td}"', 'testdata_dir = "/nonexistent"'), "is not a directory"),
+    # Directories the worker makes: a file in the way is refused at start-up, not met mid-judging.
+    (lambda t: t + 'data_dir = "/etc/hostname"\n', "data_dir /etc/hostname cannot be a directory: /etc/hostname is a file"),
+    (lambda t: t + 'data_dir = "/etc/hostname/cache"\n', "cannot be a directory: /etc/hostname is a file"),
+    (lambda t: t.replace('work_dir = "{work}"', 'work_dir = "/etc/hostname/work"'), "work_dir /etc/hostname/work cannot"),
+    (lambda t: t.replace('outbox_dir = "{out}"', 'outbox_dir = "/etc/hostname"'), "outbox_dir /etc/hostname cannot"),
     (lambda t: t.replace('transport = "arbiter"', 'transport = "direct"'), "needs dsn"),
     (lambda t: "worker_id = [", "not valid TOML"),
 ])

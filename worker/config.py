@@ -231,12 +231,29 @@ def load(path: str | Path) -> WorkerConfig:
     testdata = Path(raw["testdata_dir"])
     if not testdata.is_dir():
         raise ConfigError(f"testdata_dir {testdata} is not a directory")
+    data_dir = Path(raw["data_dir"]) if raw.get("data_dir") else Path(raw["outbox_dir"]).parent / "data"
+    for key, directory in (("outbox_dir", Path(raw["outbox_dir"])), ("work_dir", Path(raw["work_dir"])),
+                           ("data_dir", data_dir)):
+        blocker = _not_a_directory(directory)
+        if blocker is not None:
+            raise ConfigError(f"{key} {directory} cannot be a directory: {blocker} is a file")
     return WorkerConfig(worker_id=raw["worker_id"], kind=raw["kind"], transport=raw["transport"],
                         outbox_dir=Path(raw["outbox_dir"]), testdata_dir=testdata, work_dir=Path(raw["work_dir"]),
                         languages=languages, arbiter_urls=urls, credential=credential,
                         credential_file=credential_file, tls_ca_file=raw.get("tls_ca_file", ""),
                         allow_plaintext=raw.get("allow_plaintext", False),
-                        data_dir=Path(raw["data_dir"]) if raw.get("data_dir") else Path(raw["outbox_dir"]).parent / "data",
+                        data_dir=data_dir,
                         data_cache_max_mb=raw.get("data_cache_max_mb", 10240),
                         dsn=dsn, sandbox=sandbox, slots=slots, slot_cpus=slot_cpus,
                         **values)
+
+
+def _not_a_directory(directory: Path) -> Path | None:
+    """The path that keeps ``directory`` from being one (itself, or an ancestor, being something
+    else than a directory), or None: it is a directory, or the worker can make it one."""
+    path = directory
+    while not path.exists():
+        if path.parent == path:
+            return None
+        path = path.parent
+    return None if path.is_dir() else path

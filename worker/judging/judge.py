@@ -135,8 +135,15 @@ class Judge:
 
     def judge(self, job: Job, cancelled: threading.Event | None = None) -> Verdict:
         """The verdict of one submission. Raises CannotJudgeHere when this worker lacks what it needs
-        (the language, the test data): another worker may have it, so that is not a verdict."""
-        cancelled = cancelled or threading.Event()
+        (the language, the test data) or its own disk fails it (full, read-only, a file where a
+        directory should be): another worker may judge, so that is not a verdict."""
+        try:
+            return self._judge_here(job, cancelled or threading.Event())
+        except OSError as exc:
+            # The sandbox chain's own failures are SandboxFailure; what is left is this host's disk.
+            raise CannotJudgeHere(f"a local fault of this host: {exc}") from exc
+
+    def _judge_here(self, job: Job, cancelled: threading.Event) -> Verdict:
         if job.language not in LANGUAGES:
             raise CannotJudgeHere(f"worker does not judge language {job.language!r}")
         tests, problem = find_tests(self.testdata_dir, job)
