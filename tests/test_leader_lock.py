@@ -138,3 +138,26 @@ def test_resign_from_another_thread_while_a_standby_is_taking_the_lock(locks):
         wait_for(lambda: c.lock.is_leader, 5, 0.01, what="c to lead")  # noqa: B023
         c.lock.resign()
         wait_for(lambda: not c.lock.is_leader, 5, 0.01, what="c to resign")  # noqa: B023
+
+
+@pytest.mark.parametrize("line,message", [
+    ("handover_wait_secs = -1", "'handover_wait_secs' must be a number >= 0"),
+    ("handover_wait_secs = inf", "'handover_wait_secs' must be a number >= 0"),
+])
+def test_a_bad_handover_wait_is_one_clear_error(tmp_path, line, message):
+    from arbiter.server.config import ConfigError, load_settings
+
+    config = tmp_path / "arbiter.toml"
+    config.write_text(f'dsn = "postgresql:///x"\n{line}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config)
+
+
+def test_a_long_poll_shorter_than_the_handover_wait_is_a_valid_config(tmp_path):
+    """The hand-over wait never outlasts a request's own wait, so a short long-poll needs no shorter one
+    (a first version refused this config, and an arbiter so configured did not start)."""
+    from arbiter.server.config import load_settings
+
+    config = tmp_path / "arbiter.toml"
+    config.write_text('dsn = "postgresql:///x"\nlong_poll_max_secs = 0.5\n')
+    assert load_settings(config).handover_wait_secs == 1.0

@@ -118,7 +118,9 @@ class Acquire(Resource):
         if self.runtime.dispatcher.stopping:
             METRICS.inc("arbiter_acquires_total", outcome="stopping")
             raise unavailable("this arbiter is stopping", 1)
-        if not await _leading_within(self.runtime.leader, self.settings.handover_wait_secs):
+        # Never longer than the worker asked to wait (a worker polling with wait_secs 0 gets its answer now).
+        handover = min(self.settings.handover_wait_secs, wait)
+        if not await _leading_within(self.runtime.leader, handover):
             raise unavailable("this arbiter is not the leader", int(self.settings.leader_retry_secs) or 1)
         if not languages:
             raise falcon.HTTPUnprocessableEntity(title="no language", description="no language in common with "
