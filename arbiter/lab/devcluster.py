@@ -115,11 +115,17 @@ def as_user(user: pwd.struct_passwd | None):
 
 
 def read_postmaster_pid(data_dir: Path) -> int | None:
-    """The running server's postmaster pid (postmaster.pid in its data directory), or None."""
+    """The running server's postmaster pid (postmaster.pid in its data directory), or None. A server
+    killed -9 leaves its postmaster.pid behind, and its pid may belong to another process since: the
+    pid counts only while that process works in this data directory (a postmaster's cwd is its data
+    directory), so that killing a host twice never kills a stranger."""
     try:
-        return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+        pid = int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+        if os.readlink(f"/proc/{pid}/cwd") != str(Path(data_dir).resolve()):
+            return None
     except (OSError, ValueError, IndexError):
         return None
+    return pid
 
 
 def kill_postmaster(pid: int) -> None:

@@ -319,17 +319,21 @@ class Lab:
         return counts, per_worker
 
     def stop(self) -> None:
-        if self.supervisord is not None and self.supervisord.poll() is None:
-            self._supervisorctl("shutdown")  # stops every program (SIGTERM, then SIGKILL to its group)
-            try:
-                self.supervisord.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.supervisord.pid, signal.SIGKILL)
-        if isinstance(self.cluster, hacluster.HaCluster):
-            self.cluster.destroy()
-        elif self.cluster is not None:
-            self.cluster.stop("fast")
-        shutil.rmtree(getattr(self, "work", "/nonexistent"), ignore_errors=True)
+        try:
+            if self.supervisord is not None and self.supervisord.poll() is None:
+                try:
+                    self._supervisorctl("shutdown")  # stops every program (SIGTERM, then SIGKILL to its group)
+                    self.supervisord.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.supervisord.pid, signal.SIGKILL)
+        finally:
+            # The database goes whatever the programs did: --ha's etcd members live outside the lab's
+            # directory (tmpfs) and would outlive it.
+            if isinstance(self.cluster, hacluster.HaCluster):
+                self.cluster.destroy()
+            elif self.cluster is not None:
+                self.cluster.stop("fast")
+            shutil.rmtree(getattr(self, "work", "/nonexistent"), ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,9 +118,11 @@ class LeaderLock:
                 self._drop("unexpected error")
             if self._conn is not None and not self.is_leader and self.health.up:
                 continue  # a standby: the lock wait itself paces the loop
-            # The leader checks its session; without a session an outage's end is noticed within a second.
-            wait = self.settings.leader_check_secs if self._conn is not None else 1.0
-            self._wake.wait(min(wait, 1.0) if not self.health.up else wait)
+            # The leader checks its session; without a session, or in an outage, its end is noticed within a second.
+            wait = self.settings.leader_check_secs
+            if self._conn is None or not self.health.up:
+                wait = min(wait, 1.0)
+            self._wake.wait(wait)
             self._wake.clear()
 
     def _step(self) -> None:
