@@ -7,6 +7,7 @@ can fail, and the cutover test runs them after every stage and every rollback.
 from __future__ import annotations
 
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 
 SUPERVISORCTL = "/opt/judge-arbiter/venv/bin/supervisorctl --configuration /etc/{name}/supervisord.conf"
 HOME, PRODUCTION = ("home-1", "home-2"), ("prod-1",)
@@ -55,22 +56,8 @@ def check_arbiter_node(arbiter, stage: int) -> bool | None:
     key = arbiter.file("/etc/judge-arbiter/tls/server.key")
     assert key.mode == 0o600 and key.user == "judge-arbiter"
     # Ready and leading (200), or standing by (503: the database answers, another arbiter leads).
-    ready = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
-        "import json, ssl, urllib.request, urllib.error\n"
-        "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
-        "try:\n"
-        "    r = urllib.request.urlopen('https://127.0.0.1:8080/readyz', timeout=5, context=ctx)\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    r = e\n"
-        "body = json.loads(r.read())\n"
-        "print(r.status, 'leader' if body['leader'] else 'standby', 'db_up' if body['db_up'] else 'db_down')\n"
-        "try:\n"
-        "    urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5)\n"
-        "    print('plaintext answered')\n"
-        "except Exception:\n"
-        "    print('no plaintext')\n"))
-    assert ready.stdout.splitlines() in (["200 leader db_up", "no plaintext"], ["503 standby db_up", "no plaintext"]), \
-        ready.stdout + ready.stderr
+    ready = readiness(arbiter)
+    assert ready in (["200 leader db_up", "no plaintext"], ["503 standby db_up", "no plaintext"]), ready
     # The lab sets an operator token: /metrics answers only to it, even on loopback. The check reads
     # the token on the host itself, so it never crosses a command line.
     token = arbiter.file("/etc/judge-arbiter/operator-token")
@@ -88,12 +75,47 @@ def check_arbiter_node(arbiter, stage: int) -> bool | None:
         "    except urllib.error.HTTPError as e:\n"
         "        print(e.code)\n"))
     assert metrics.stdout.split() == ["401", "200"], metrics.stdout + metrics.stderr
-    return ready.stdout.startswith("200 leader")
+    return ready[0] == "200 leader db_up"
+
+
+def readiness(arbiter) -> list[str]:
+    """What the arbiter's /readyz says on its host, as lines: "<status> leader|standby db_up|db_down"
+    (or "down: <error>" when nothing answers), then whether plain HTTP answered too."""
+    probe = arbiter.run("/usr/bin/python3 -c " + shlex.quote(
+        "import json, ssl, urllib.request, urllib.error\n"
+        "ctx = ssl.create_default_context(cafile='/etc/judge-arbiter/tls/ca.crt')\n"
+        "try:\n"
+        "    try:\n"
+        "        r = urllib.request.urlopen('https://127.0.0.1:8080/readyz', timeout=5, context=ctx)\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        r = e\n"
+        "    body = json.loads(r.read())\n"
+        "    print(r.status, 'leader' if body['leader'] else 'standby', 'db_up' if body['db_up'] else 'db_down')\n"
+        "except (OSError, ValueError) as e:\n"
+        "    print('down:', type(e).__name__)\n"
+        "try:\n"
+        "    urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=5)\n"
+        "    print('plaintext answered')\n"
+        "except Exception:\n"
+        "    print('no plaintext')\n"))
+    assert probe.rc == 0, probe.stderr
+    return probe.stdout.splitlines()
+
+
+def leader_among(nodes: dict) -> str | None:
+    """The one arbiter whose /readyz says it leads with the database up, or None (none, or several)."""
+    leading = [name for name in ARBITERS if readiness(nodes[name])[0] == "200 leader db_up"]
+    return leading[0] if len(leading) == 1 else None
 
 
 def check_arbiters(nodes: dict, stage: int) -> str | None:
     """Every arbiter host passes its checks and, from stage 2 on, exactly one leads; returns it."""
-    leads = {name: check_arbiter_node(nodes[name], stage) for name in ARBITERS}
+    with ThreadPoolExecutor(len(ARBITERS)) as pool:
+        leads = dict(zip(ARBITERS, pool.map(lambda name: check_arbiter_node(nodes[name], stage), ARBITERS)))
+    return _one_leader(leads, stage)
+
+
+def _one_leader(leads: dict, stage: int) -> str | None:
     if stage < 2:
         return None
     leaders = [name for name, leader in leads.items() if leader]
@@ -139,19 +161,26 @@ def legacy_login(node, worker: str, password: str):
     return node.run("/opt/judge-arbiter/venv/bin/python -c " + shlex.quote(LOGIN) + " " + shlex.quote(dsn))
 
 
-def check_legacy_logins(nodes: dict, passwords: dict, stage: int) -> None:
-    for worker in HOME + PRODUCTION:
-        result = legacy_login(nodes[worker], worker, passwords[worker])
-        if has_db_account(worker, stage):
-            assert result.rc == 0 and "logged in" in result.stdout, result.stdout + result.stderr
-        else:
-            assert result.rc == 3, f"{worker} can still log in to the database at stage {stage}"
-            assert "password authentication failed" in result.stdout, result.stdout
+def check_legacy_login(node, worker: str, password: str, stage: int) -> None:
+    result = legacy_login(node, worker, password)
+    if has_db_account(worker, stage):
+        assert result.rc == 0 and "logged in" in result.stdout, result.stdout + result.stderr
+    else:
+        assert result.rc == 3, f"{worker} can still log in to the database at stage {stage}"
+        assert "password authentication failed" in result.stdout, result.stdout
 
 
 def check_all(nodes: dict, passwords: dict, stage: int) -> None:
-    check_db_node(nodes["db-1"])
-    check_arbiters(nodes, stage)
-    for worker in HOME + PRODUCTION:
+    """Every node's checks. Each host's run beside the others': they are SSH round trips, not work."""
+    def worker_checks(worker: str) -> None:
         check_worker_node(nodes[worker], worker, stage)
-    check_legacy_logins(nodes, passwords, stage)
+        check_legacy_login(nodes[worker], worker, passwords[worker], stage)
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        db = pool.submit(check_db_node, nodes["db-1"])
+        arbiters = {name: pool.submit(check_arbiter_node, nodes[name], stage) for name in ARBITERS}
+        workers = [pool.submit(worker_checks, worker) for worker in HOME + PRODUCTION]
+        db.result()
+        for done in workers:
+            done.result()
+        _one_leader({name: done.result() for name, done in arbiters.items()}, stage)

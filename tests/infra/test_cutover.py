@@ -318,11 +318,93 @@ def upgrade(lab: Lab, flow: Flow) -> None:
     settled(lab, flow)
     after = node_checks.check_arbiters(lab.nodes(), lab.stage)
     assert after != leader, f"{leader} still leads: the leader was not upgraded last, or the lock went back"
-    with lab.connect() as conn:
-        twice = conn.execute("SELECT submission_id, count(*) FROM lease_grants WHERE granted_at >= %s "
-                             "GROUP BY submission_id HAVING count(*) > 1", (since,)).fetchall()
+    twice = leased_twice_since(lab, since)
     assert not twice, f"submissions leased again during the upgrade (a reclaim or a release): {twice}"
     node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], lab.stage)
+
+
+def first_grant_after(lab: Lab, since) -> float | None:
+    """Seconds from ``since`` (the database's clock) to the first lease granted after it, or None."""
+    with lab.connect() as conn:
+        seconds = conn.execute("SELECT extract(epoch FROM min(granted_at) - %s) FROM lease_grants "
+                               "WHERE granted_at > %s", (since, since)).fetchone()[0]
+    return None if seconds is None else float(seconds)
+
+
+def leased_twice_since(lab: Lab, since) -> list:
+    """Submissions granted more than one lease since ``since``: a reclaim (or a release) would be."""
+    with lab.connect() as conn:
+        return conn.execute("SELECT submission_id, count(*) FROM lease_grants WHERE granted_at >= %s "
+                            "GROUP BY submission_id HAVING count(*) > 1", (since,)).fetchall()
+
+
+NOWHERE = "02:00:00:00:00:01"  # a MAC address no lab host has: frames sent to it are dropped on arrival
+
+
+def cut_from_database(host: str, cut: bool) -> None:
+    """Cut the line between ``host`` and the database host, both ways, or lift the cut.
+
+    Each side is told a MAC address nobody has for the other (a permanent neighbour entry): frames
+    go out, the bridge floods them, no host takes them. No RST, no ICMP, no local error, the hosts'
+    other lines untouched: a broken link as the TCP stacks see one. (This kernel has no tc actions
+    to drop with, and a blackhole route would fail the sender's calls at once.)"""
+    sides = ((host, lab_address("db-1")), ("db-1", lab_address(host)))
+    for at, peer in sides:
+        ip = ["ip", "netns", "exec", f"jlab-{at}", "ip", "neigh"]
+        if cut:
+            subprocess.run([*ip, "replace", peer, "lladdr", NOWHERE, "dev", "eth0", "nud", "permanent"],
+                           check=True, capture_output=True)
+        else:
+            subprocess.run([*ip, "del", peer, "dev", "eth0"], check=True, capture_output=True)
+
+
+def lab_address(host: str) -> str:
+    sys.path.insert(0, str(ANSIBLE / "lab"))
+    import netlab
+
+    return netlab.address(host)
+
+
+def arbiter_takeovers(lab: Lab, flow: Flow) -> None:
+    """The leading arbiter dies (kill -9 of its process group; supervisord starts it again), then the
+    new leader is cut from the database only (its workers still reach it): each time the standby takes
+    the lock and grants, the other comes back as the standby, and nothing is lost, stuck, misjudged or
+    leased twice (a lease reclaimed from a worker that kept judging would be)."""
+    nodes = lab.nodes()
+    leader = node_checks.leader_among(nodes)
+    assert leader is not None, "exactly one arbiter leads before the takeovers"
+    standby = next(name for name in node_checks.ARBITERS if name != leader)
+    # kill -9: the master's process group (supervisord starts each program in a group of its own).
+    supervisorctl = node_checks.SUPERVISORCTL.format(name="judge-arbiter")
+    pid = int(nodes[leader].check_output(f"{supervisorctl} pid judge-arbiter"))
+    since = db_now(lab)
+    nodes[leader].run_expect([0], f"kill -9 -- -{pid}")
+    wait_for(lambda: node_checks.leader_among(nodes) == standby, 60, POLL_SECS, what=f"{standby} to lead")
+    wait_for(lambda: first_grant_after(lab, since) is not None, 60, POLL_SECS, what="a lease after the kill")
+    took_over = first_grant_after(lab, since)
+    print(f"arbiter takeover after kill -9 of {leader}: first lease {took_over:.1f} s after the kill")
+    wait_for(lambda: node_checks.readiness(nodes[leader])[0] == "503 standby db_up", 60, POLL_SECS,
+             what=f"{leader} back as the standby")
+    settled(lab, flow)
+    assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
+
+    # The new leader loses the database, not its workers: the database ends its sessions (TCP
+    # keepalives), the lock goes to the old leader, now standing by.
+    leader, standby = standby, leader
+    since = db_now(lab)
+    cut_from_database(leader, True)
+    try:
+        wait_for(lambda: node_checks.leader_among(nodes) == standby, 60, POLL_SECS, what=f"{standby} to lead")
+        wait_for(lambda: first_grant_after(lab, since) is not None, 60, POLL_SECS, what="a lease after the cut")
+        took_over = first_grant_after(lab, since)
+        print(f"arbiter takeover after {leader} was cut from the database: first lease {took_over:.1f} s after the cut")
+    finally:
+        cut_from_database(leader, False)
+    wait_for(lambda: node_checks.readiness(nodes[leader])[0] == "503 standby db_up", 60, POLL_SECS,
+             what=f"{leader} back as the standby once the cut is lifted")
+    settled(lab, flow)
+    assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
+    node_checks.check_all(nodes, lab.secrets["judge_legacy_db_passwords"], lab.stage)
 
 
 def reach_stage(lab: Lab, stage: int) -> None:
@@ -471,6 +553,7 @@ def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
     for stage in (2, 3, 4):
         forward(lab, flow, stage)
     upgrade(lab, flow)
+    arbiter_takeovers(lab, flow)
     rotate_worker_credentials(lab, flow)
 
     for target in (3, 2, 1, 0):
