@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 # Faults on a worker's own path: the worker process, or its network to the arbiters.
-WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request"}
+WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request", "stale_result"}
 # Slack for comparing this host's wall clock (history) with the database's now(): same machine, same clock.
 CLOCK_SLACK_SECS = 0.05
 # An acquire the worker sent before its fault can stay parked at the arbiter after it (the arbiter only
@@ -164,8 +164,9 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
 
 def live_lease_violations(report: Report, history, grants, token_gen, judgings) -> int:
     """Two live leases at once: an old token was honoured (heartbeat or result 200) after a newer
-    generation of the same submission had been granted. The request started before the server acted,
-    so a grant older than the request's start is proof. Returns how many exchanges were honoured.
+    generation of the same submission had been granted. The server cannot act on a request before the
+    proxy sent it on (after any delay or hold), so a grant older than that is proof. Returns how many
+    exchanges were honoured.
 
     A result repeated by the worker's outbox (its first reply was dropped) is answered as the first
     time, writing nothing: honouring it is no live lease if the verdict it repeats was written before
@@ -182,8 +183,9 @@ def live_lease_violations(report: Report, history, grants, token_gen, judgings) 
             continue
         honoured += 1
         sid, gen = owner
+        reached_server = exchange.forwarded_at or exchange.sent_at
         for newer_gen, worker, granted_at, _ in grants[sid]:
-            if newer_gen > gen and granted_at + CLOCK_SLACK_SECS < exchange.sent_at:
+            if newer_gen > gen and granted_at + CLOCK_SLACK_SECS < reached_server:
                 if exchange.path.endswith("/result") and decided_at.get((sid, gen), granted_at) < granted_at:
                     continue  # the repeat of a verdict written while this generation was current
                 report.add("two live leases", f"submission {sid}: gen {gen} honoured on {exchange.path} after gen "

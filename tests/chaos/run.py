@@ -1,7 +1,9 @@
 """A seeded, bounded chaos run: real arbiters, real workers, a real PostgreSQL, and a nemesis.
 
 Two nemesis threads share one seed. The process nemesis kills (-9) and pauses (SIGSTOP) workers and
-arbiters, restarts the database and brings a second arbiter up and down; the network nemesis drops
+arbiters, restarts the database, brings a second arbiter up and down, and holds a worker's result on
+the way until its lease is reclaimed and the same worker holds a new lease of that submission (the
+seed's scenario 5, made to happen); the network nemesis drops
 replies and delays requests in per-worker HTTP proxies. Meanwhile a client submits programs whose
 verdict it knows and rejudges some finished ones, and a sampler records lease_gen. At the end every
 fault is healed, the run waits until nothing is pending or judging, and ``checker.check`` reports.
@@ -208,7 +210,7 @@ class Run:
         rng = random.Random(f"{self.seed}-process")
         lab = self.lab
         actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
-                  ["restart_db"] * 2 + ["second_arbiter"] * 2
+                  ["restart_db"] * 2 + ["second_arbiter"] * 2 + ["stale_result"] * 2
         while not self.done.is_set():
             action = rng.choice(actions)
             started = time.time()
@@ -248,6 +250,8 @@ class Run:
                     time.sleep(rng.uniform(0, 2.0))
                     lab.cluster.start()
                 self.record(action, "db", started, "kill -9" if crash else "stop -m immediate")
+            elif action == "stale_result":
+                self.stale_result(rng, started)
             elif action == "second_arbiter":
                 if lab.arbiter_up("a2"):
                     lab.arbiters["a2"].kill9()
@@ -256,6 +260,62 @@ class Run:
                     lab.arbiters["a2"].start(wait_ready=False)
                     self.record(action, "a2", started, "up")
             self.done.wait(rng.uniform(0.1, 0.8))
+
+    def stale_result(self, rng: random.Random, started: float) -> None:
+        """The seed's scenario 5 on purpose: a worker's result is stuck on the way while the worker is
+        paused past its lease; the lease is reclaimed; the worker resumes, its retry is refused (410),
+        and it takes work again (the others are paused, so most likely the same submission, a newer
+        lease); only then does the stuck request reach the arbiter, beside the new lease of the same
+        worker. Only the token may tell the two apart."""
+        lab = self.lab
+        name = rng.choice(sorted(lab.workers))
+        proxies = [lab.proxies[(name, a)] for a in sorted(lab.arbiters)]
+        armed = [p.hold_next("/result", 30.0) for p in proxies]
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
+            time.sleep(0.02)
+        held = [a for p, a in zip(proxies, armed) if not p.disarm(a)]
+        if not held:
+            return  # the worker sent no result in time: no fault
+        exchange = held[0].exchange
+        sid, token = int(exchange.path.split("/")[3]), (exchange.body or {}).get("lease_token")
+        others = [w for w in sorted(lab.workers) if w != name]
+        for worker in [name, *others]:
+            lab.pause(worker)
+        outcome = "not reclaimed"
+        try:
+            if self.wait_db(lambda c: c.execute("SELECT lease_token::text IS DISTINCT FROM %s FROM submissions "
+                                                "WHERE id = %s", (token, sid)).fetchone()[0], LEASE_SECS + 6):
+                lab.cont(name)  # its retry gets 410; it asks for work again
+                regranted = self.wait_db(lambda c: c.execute(
+                    "SELECT worker_id = %s AND status = 'judging' FROM submissions WHERE id = %s",
+                    (name, sid)).fetchone()[0], 5)
+                outcome = "leased to it again" if regranted else "not leased to it again"
+        finally:
+            for one in held:
+                one.let_go()
+            for one in held:
+                one.fired.wait(35)
+            for worker in [name, *others]:
+                if worker in lab.paused:
+                    lab.cont(worker)
+        # The others' pauses are faults on their side (their leases may be reclaimed meanwhile).
+        for other in others:
+            self.record("pause_worker", other, started, f"while {name}'s result was held")
+        self.record("stale_result", name, started, f"submission {sid}: {outcome}")
+
+    def wait_db(self, predicate, timeout: float) -> bool:
+        """Polls predicate(conn) until it is true or the time is up; a database being restarted is waited out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with self.lab.connect() as conn:
+                    if predicate(conn):
+                        return True
+            except psycopg.OperationalError:
+                pass
+            time.sleep(0.05)
+        return False
 
     def network_nemesis(self) -> None:
         rng = random.Random(f"{self.seed}-network")
@@ -309,6 +369,7 @@ class Run:
                 if "lease_token" in body:
                     body["lease_token"] = gens.get(body.pop("lease_token"), "unknown")
                 out.write(json.dumps({"worker": e.worker_id, "path": e.path, "sent_at": e.sent_at,
+                                      "forwarded_at": e.forwarded_at,
                                       "status": e.status, "replied_at": e.replied_at, "dropped": e.dropped,
                                       "delayed_secs": e.delayed_secs, "body": body}) + "\n")
 

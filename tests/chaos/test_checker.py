@@ -1,5 +1,6 @@
 """The chaos checker's own logic, on made-up histories: it must flag a live old lease and must not
-flag the outbox's repeat of a verdict that was written while its lease was current."""
+flag the outbox's repeat of a verdict that was written while its lease was current, and it must judge
+a request held on the way by when it reached the server."""
 
 from checker import Report, live_lease_violations
 from support.faultproxy import Exchange
@@ -36,3 +37,14 @@ def test_the_outbox_repeating_a_verdict_written_before_the_newer_grant_is_no_liv
     assert violations([exchange("/v1/leases/36/result", 25.0)], decided_at_gen_1=15.0) == []
     # A heartbeat is never a repeat.
     assert len(violations([exchange("/v1/leases/36/heartbeat", 25.0)], decided_at_gen_1=15.0)) == 1
+
+
+def test_a_request_held_on_the_way_counts_from_when_it_reached_the_server():
+    # Sent at t=15 while gen 1 was current, held by the network until t=25, after gen 3 was granted,
+    # and honoured there: two live leases, although it started before the newer grant.
+    held = exchange("/v1/leases/36/heartbeat", 15.0)
+    held.forwarded_at = 25.0
+    assert len(violations([held], decided_at_gen_1=None)) == 1
+    # The same request let through at t=16 was honoured while gen 1 was current.
+    held.forwarded_at = 16.0
+    assert violations([held], decided_at_gen_1=None) == []

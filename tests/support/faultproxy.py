@@ -21,7 +21,8 @@ class Exchange:
     method: str
     path: str
     body: dict | None
-    sent_at: float
+    sent_at: float  # when the request reached the proxy
+    forwarded_at: float | None = None  # when the proxy sent it on to the server (after any delay or hold)
     status: int | None = None  # None: no reply reached the client (dropped, or the upstream failed)
     replied_at: float | None = None
     reply: dict | None = None
@@ -32,10 +33,16 @@ class Exchange:
 @dataclass
 class _Armed:
     marker: str
-    kind: str  # "drop" or "delay"
-    secs: float = 0.0
+    kind: str  # "drop", "delay" or "hold"
+    secs: float = 0.0  # delay: how long; hold: at most how long
     taken: threading.Event = field(default_factory=threading.Event)  # a request matched: the fault is on
     fired: threading.Event = field(default_factory=threading.Event)  # the fault is over (reply dropped, request let go)
+    exchange: Exchange | None = None  # the request that took it
+    released: threading.Event = field(default_factory=threading.Event)  # hold: let the request go now
+
+    def let_go(self) -> None:
+        """A held request goes on to the server now."""
+        self.released.set()
 
 
 def _read_message(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes] | None:
@@ -107,6 +114,11 @@ class FaultProxy:
         """Hold the next matching request for secs before it reaches the server (a slow network)."""
         return self._arm(_Armed(marker, "delay", secs))
 
+    def hold_next(self, marker: str, secs: float) -> _Armed:
+        """Hold the next matching request until ``let_go()`` (at most secs), then send it on even if
+        its client has given up on it: a request stuck in the network that arrives late."""
+        return self._arm(_Armed(marker, "hold", secs))
+
     def disarm(self, armed: _Armed) -> bool:
         """Withdraw a fault that has not hit yet; False when a request already took it."""
         with self._lock:
@@ -124,11 +136,12 @@ class FaultProxy:
             self._armed.append(armed)
         return armed
 
-    def _take(self, path: str) -> _Armed | None:
+    def _take(self, path: str, exchange: Exchange) -> _Armed | None:
         with self._lock:
             for armed in self._armed:
                 if armed.marker in path:
                     self._armed.remove(armed)
+                    armed.exchange = exchange
                     armed.taken.set()
                     return armed
         return None
@@ -158,13 +171,19 @@ class FaultProxy:
                 exchange = Exchange(_worker_of(head), method.decode(), path.decode(), _json(body), time.time())
                 with self._lock:
                     self.history.append(exchange)
-                armed = self._take(exchange.path)
+                armed = self._take(exchange.path, exchange)
                 if armed is not None and armed.kind == "delay":
                     exchange.delayed_secs = armed.secs
                     time.sleep(armed.secs)
                     armed.fired.set()
+                if armed is not None and armed.kind == "hold":
+                    held_from = time.monotonic()
+                    armed.released.wait(armed.secs)
+                    exchange.delayed_secs = time.monotonic() - held_from
+                    armed.fired.set()
                 if upstream is None:
                     upstream = socket.create_connection(self.target, timeout=60)
+                exchange.forwarded_at = time.time()
                 upstream.sendall(head + body)
                 reply = _read_message(upstream, from_upstream)
                 if reply is None:
