@@ -19,7 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 # Faults on a worker's own path: the worker process, or its network to the arbiters.
-WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request", "stale_result"}
+WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request", "stale_result",
+               "stale_heartbeat"}
 # Slack for comparing this host's wall clock (history) with the database's now(): same machine, same clock.
 CLOCK_SLACK_SECS = 0.05
 # An acquire the worker sent before its fault can stay parked at the arbiter after it (the arbiter only

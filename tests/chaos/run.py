@@ -210,7 +210,7 @@ class Run:
         rng = random.Random(f"{self.seed}-process")
         lab = self.lab
         actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
-                  ["restart_db"] * 2 + ["second_arbiter"] * 2 + ["stale_result"] * 2
+                  ["restart_db"] * 2 + ["second_arbiter"] * 2 + ["stale_result"] * 2 + ["stale_heartbeat"] * 2
         while not self.done.is_set():
             action = rng.choice(actions)
             started = time.time()
@@ -250,8 +250,8 @@ class Run:
                     time.sleep(rng.uniform(0, 2.0))
                     lab.cluster.start()
                 self.record(action, "db", started, "kill -9" if crash else "stop -m immediate")
-            elif action == "stale_result":
-                self.stale_result(rng, started)
+            elif action in ("stale_result", "stale_heartbeat"):
+                self.stale_request(rng, started, action)
             elif action == "second_arbiter":
                 if lab.arbiter_up("a2"):
                     lab.arbiters["a2"].kill9()
@@ -261,22 +261,24 @@ class Run:
                     self.record(action, "a2", started, "up")
             self.done.wait(rng.uniform(0.1, 0.8))
 
-    def stale_result(self, rng: random.Random, started: float) -> None:
-        """The seed's scenario 5 on purpose: a worker's result is stuck on the way while the worker is
-        paused past its lease; the lease is reclaimed; the worker resumes, its retry is refused (410),
-        and it takes work again (the others are paused, so most likely the same submission, a newer
-        lease); only then does the stuck request reach the arbiter, beside the new lease of the same
-        worker. Only the token may tell the two apart."""
+    def stale_request(self, rng: random.Random, started: float, kind: str) -> None:
+        """The seed's scenario 5 on purpose: a worker's result (stale_result) or heartbeat
+        (stale_heartbeat) is stuck on the way while the worker is paused past its lease; the lease is
+        reclaimed; the worker resumes, its retry or next heartbeat is refused (410), and it takes work
+        again (the others are paused, so most likely the same submission, a newer lease); only then
+        does the stuck request reach the arbiter, beside the new lease of the same worker. Only the
+        token may tell the two apart."""
         lab = self.lab
         name = rng.choice(sorted(lab.workers))
         proxies = [lab.proxies[(name, a)] for a in sorted(lab.arbiters)]
-        armed = [p.hold_next("/result", 30.0) for p in proxies]
+        marker = "/result" if kind == "stale_result" else "/heartbeat"
+        armed = [p.hold_next(marker, 30.0) for p in proxies]
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
             time.sleep(0.02)
         held = [a for p, a in zip(proxies, armed) if not p.disarm(a)]
         if not held:
-            return  # the worker sent no result in time: no fault
+            return  # the worker sent no such request in time: no fault
         exchange = held[0].exchange
         sid, token = int(exchange.path.split("/")[3]), (exchange.body or {}).get("lease_token")
         others = [w for w in sorted(lab.workers) if w != name]
@@ -286,11 +288,14 @@ class Run:
         try:
             if self.wait_db(lambda c: c.execute("SELECT lease_token::text IS DISTINCT FROM %s FROM submissions "
                                                 "WHERE id = %s", (token, sid)).fetchone()[0], LEASE_SECS + 6):
-                lab.cont(name)  # its retry gets 410; it asks for work again
+                lab.cont(name)  # its retry (or next heartbeat) gets 410; it asks for work again
                 regranted = self.wait_db(lambda c: c.execute(
                     "SELECT worker_id = %s AND status = 'judging' FROM submissions WHERE id = %s",
                     (name, sid)).fetchone()[0], 5)
                 outcome = "leased to it again" if regranted else "not leased to it again"
+                # A moment into the new lease, so that the stuck request plainly arrives after its grant
+                # (the checker allows 50 ms between the database's clock and this host's).
+                time.sleep(0.1)
         finally:
             for one in held:
                 one.let_go()
@@ -301,8 +306,8 @@ class Run:
                     lab.cont(worker)
         # The others' pauses are faults on their side (their leases may be reclaimed meanwhile).
         for other in others:
-            self.record("pause_worker", other, started, f"while {name}'s result was held")
-        self.record("stale_result", name, started, f"submission {sid}: {outcome}")
+            self.record("pause_worker", other, started, f"while {name}'s {marker} was held")
+        self.record(kind, name, started, f"submission {sid}: {outcome}")
 
     def wait_db(self, predicate, timeout: float) -> bool:
         """Polls predicate(conn) until it is true or the time is up; a database being restarted is waited out."""
