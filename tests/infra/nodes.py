@@ -7,7 +7,6 @@ can fail, and the cutover test runs them after every stage and every rollback.
 from __future__ import annotations
 
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 
 SUPERVISORCTL = "/opt/judge-arbiter/venv/bin/supervisorctl --configuration /etc/{name}/supervisord.conf"
 HOME, PRODUCTION = ("home-1", "home-2"), ("prod-1",)
@@ -110,9 +109,7 @@ def leader_among(nodes: dict) -> str | None:
 
 def check_arbiters(nodes: dict, stage: int) -> str | None:
     """Every arbiter host passes its checks and, from stage 2 on, exactly one leads; returns it."""
-    with ThreadPoolExecutor(len(ARBITERS)) as pool:
-        leads = dict(zip(ARBITERS, pool.map(lambda name: check_arbiter_node(nodes[name], stage), ARBITERS)))
-    return _one_leader(leads, stage)
+    return _one_leader({name: check_arbiter_node(nodes[name], stage) for name in ARBITERS}, stage)
 
 
 def _one_leader(leads: dict, stage: int) -> str | None:
@@ -171,16 +168,11 @@ def check_legacy_login(node, worker: str, password: str, stage: int) -> None:
 
 
 def check_all(nodes: dict, passwords: dict, stage: int) -> None:
-    """Every node's checks. Each host's run beside the others': they are SSH round trips, not work."""
-    def worker_checks(worker: str) -> None:
+    # One host after another: testinfra imports its modules on first use, and imports in several
+    # threads at once under pytest's assertion rewriting broke CPython 3.11's compiler once
+    # ("SystemError: AST constructor recursion depth mismatch").
+    check_db_node(nodes["db-1"])
+    check_arbiters(nodes, stage)
+    for worker in HOME + PRODUCTION:
         check_worker_node(nodes[worker], worker, stage)
         check_legacy_login(nodes[worker], worker, passwords[worker], stage)
-
-    with ThreadPoolExecutor(len(nodes)) as pool:
-        db = pool.submit(check_db_node, nodes["db-1"])
-        arbiters = {name: pool.submit(check_arbiter_node, nodes[name], stage) for name in ARBITERS}
-        workers = [pool.submit(worker_checks, worker) for worker in HOME + PRODUCTION]
-        db.result()
-        for done in workers:
-            done.result()
-        _one_leader({name: done.result() for name, done in arbiters.items()}, stage)
