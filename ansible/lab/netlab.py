@@ -1,13 +1,14 @@
-"""netlab: the cutover lab -- six hosts on one machine, reached over SSH like real ones.
+"""netlab: the cutover lab -- seven hosts on one machine, reached over SSH like real ones.
 
 Each host is a network namespace (its own address on the bridge ``jlab0``) and a
 mount namespace with overlays on /etc, /opt, /var and /run and its own /root, so what Ansible
 installs on ``home-1`` lands in that host's own /etc/judge-worker and
 /opt/judge-arbiter and nowhere else. An sshd per host is the only process the
 lab starts there; everything else (supervisord, the arbiter, the workers) is
-started by the playbooks, through SSH. The ``db`` host also runs PostgreSQL,
+started by the playbooks, through SSH. The ``db-1`` host also runs PostgreSQL,
 listening on its address with SCRAM passwords for the other hosts, and already
 holds a legacy (baseline) site: the cutover starts from a running legacy judge.
+``db-2`` starts empty: ansible/db_ha.yml replicates the database onto it (Patroni, etcd).
 
     python ansible/lab/netlab.py up   --dir /tmp/judge-netlab     # prints export JUDGE_LAB_DIR=...
     python ansible/lab/netlab.py down --dir /tmp/judge-netlab     # kills everything, removes it all
@@ -39,7 +40,7 @@ from pathlib import Path
 BRIDGE = "jlab0"
 SUBNET = "10.231.0"
 LOCK = Path("/run/judge-netlab.lock")  # held while a lab comes up: two 'up's never interleave
-HOSTS = {"db-1": 10, "arbiter-1": 20, "arbiter-2": 21, "home-1": 31, "home-2": 32, "prod-1": 41}
+HOSTS = {"db-1": 10, "db-2": 11, "arbiter-1": 20, "arbiter-2": 21, "home-1": 31, "home-2": 32, "prod-1": 41}
 WORKERS = ("home-1", "home-2", "prod-1")
 OVERLAID = ("etc", "opt", "var", "run")
 PROBLEMS = {  # slug: test cases; the lab's site has these problems before the cutover starts
@@ -252,6 +253,9 @@ class Lab:
             "judge_arbiter_operator_token": secrets.token_urlsafe(24),
             "judge_worker_credentials": {w: f"{w}.{secrets.token_urlsafe(32)}" for w in WORKERS},
             "judge_legacy_db_passwords": {w: secrets.token_urlsafe(24) for w in WORKERS},
+            # db_ha.yml (the database replicated by Patroni across db-1 and db-2)
+            "judge_db_superuser_password": secrets.token_urlsafe(24),
+            "judge_db_replication_password": secrets.token_urlsafe(24),
         }
         path = self.base / "secrets.yml"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -336,6 +340,8 @@ class Lab:
             time.sleep(0.2)
         if remove and self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
+        if self.base is not None:  # the etcd members' data (the lab inventory keeps it in memory)
+            shutil.rmtree(Path("/dev/shm") / self.base.name, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,14 +40,14 @@ from arbiter.lab.devcluster import (
     server_user,
 )
 
-# Patroni's timings. ttl is the leader key's life in etcd: after a primary host dies, the key lasts
-# up to ttl more seconds before a standby may take over. Patroni refuses a ttl under 20 s (its
-# validator's minimum); loop_wait 1 s renews the key every second and lets the standby see the
-# expiry within a second; retry_timeout 9 s is how long a primary keeps going while etcd or its own
-# PostgreSQL does not answer (loop_wait + 2 * retry_timeout <= ttl, Patroni's rule).
-TTL_SECS = 20
+# Patroni's timings (the same as the judge_patroni role's defaults; docs/decisions.md weighs them).
+# ttl is the leader key's life in etcd: after a primary host dies, the key lasts up to ttl more
+# seconds before a standby may take over; loop_wait 1 s renews it every second; retry_timeout 4 s
+# is how long a primary keeps going while etcd or its own PostgreSQL does not answer before it
+# steps down (loop_wait + 2 * retry_timeout <= ttl, Patroni's rule).
+TTL_SECS = 10
 LOOP_WAIT_SECS = 1
-RETRY_TIMEOUT_SECS = 9
+RETRY_TIMEOUT_SECS = 4
 SCOPE = "judge"
 
 

@@ -6,6 +6,7 @@ can fail, and the cutover test runs them after every stage and every rollback.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 SUPERVISORCTL = "/opt/judge-arbiter/venv/bin/supervisorctl --configuration /etc/{name}/supervisord.conf"
@@ -26,9 +27,53 @@ def has_db_account(worker: str, stage: int) -> bool:
     return stage <= (2 if worker in HOME else 3)
 
 
+DATABASES = {"db-1": "10.231.0.10", "db-2": "10.231.0.11"}
+ETCD = {"db-1": "10.231.0.10", "db-2": "10.231.0.11", "arbiter-1": "10.231.0.20"}
+PRIMARY_ROLES = ("leader", "master", "primary")
+
+
 def check_db_node(db) -> None:
     assert db.socket("tcp://10.231.0.10:5432").is_listening
     assert not db.socket("tcp://0.0.0.0:8080").is_listening
+
+
+def check_database(nodes: dict, ha: bool) -> str:
+    """The database as its hosts run it; returns the primary's host. Alone: db-1's server. Replicated
+    (db_ha.yml): both hosts run PostgreSQL under Patroni, one primary and one synchronous standby
+    streaming from it (PostgreSQL's own pg_stat_replication, read on the primary), and the three
+    etcd members answer healthy."""
+    if not ha:
+        check_db_node(nodes["db-1"])
+        return "db-1"
+    for name, address in DATABASES.items():
+        assert nodes[name].socket(f"tcp://{address}:5432").is_listening, name
+        status = nodes[name].run(SUPERVISORCTL.format(name="judge-patroni") + " status judge-patroni")
+        assert "RUNNING" in status.stdout, (name, status.stdout)
+    members = _patroni(nodes["db-1"], "http://10.231.0.10:8008/cluster")["members"]
+    primaries = [m["name"] for m in members if m["role"] in PRIMARY_ROLES and m["state"] == "running"]
+    assert len(primaries) == 1, members
+    primary = primaries[0]
+    standby = next(name for name in DATABASES if name != primary)
+    assert [m["role"] for m in members if m["name"] == standby] == ["sync_standby"], members
+    streams = _patroni(nodes[primary], f"http://{DATABASES[primary]}:8008/patroni").get("replication", [])
+    assert [(s["application_name"], s["state"], s["sync_state"]) for s in streams] == \
+        [(standby, "streaming", "sync")], streams
+    endpoints = ",".join(f"http://{address}:2379" for address in ETCD.values())
+    health = nodes["db-1"].run(f"ETCDCTL_API=3 etcdctl --endpoints={endpoints} endpoint health")
+    said = health.stdout + health.stderr  # etcdctl writes its verdicts to stderr
+    assert health.rc == 0 and said.count("is healthy") == 3, said
+    for name in ETCD:
+        status = nodes[name].run(SUPERVISORCTL.format(name="judge-etcd") + " status judge-etcd")
+        assert "RUNNING" in status.stdout, (name, status.stdout)
+    return primary
+
+
+def _patroni(node, url: str) -> dict:
+    """What Patroni's REST API says, read on the host itself."""
+    reply = node.run("/usr/bin/python3 -c " + shlex.quote(
+        f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"))
+    assert reply.rc == 0, reply.stderr
+    return json.loads(reply.stdout)
 
 
 ARBITERS = ("arbiter-1", "arbiter-2")
@@ -167,11 +212,11 @@ def check_legacy_login(node, worker: str, password: str, stage: int) -> None:
         assert "password authentication failed" in result.stdout, result.stdout
 
 
-def check_all(nodes: dict, passwords: dict, stage: int) -> None:
+def check_all(nodes: dict, passwords: dict, stage: int, db_ha: bool = False) -> None:
     # One host after another: testinfra imports its modules on first use, and imports in several
     # threads at once under pytest's assertion rewriting broke CPython 3.11's compiler once
     # ("SystemError: AST constructor recursion depth mismatch").
-    check_db_node(nodes["db-1"])
+    check_database(nodes, db_ha)
     check_arbiters(nodes, stage)
     for worker in HOME + PRODUCTION:
         check_worker_node(nodes[worker], worker, stage)

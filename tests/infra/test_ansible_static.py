@@ -12,7 +12,8 @@ import pytest
 
 ANSIBLE = Path(__file__).resolve().parents[2] / "ansible"
 BIN = Path(sys.executable).parent
-PLAYBOOKS = ["site.yml", "stage1.yml", "stage2.yml", "stage3.yml", "stage4.yml", "rollback.yml", "preflight.yml"]
+PLAYBOOKS = ["site.yml", "stage1.yml", "stage2.yml", "stage3.yml", "stage4.yml", "rollback.yml", "preflight.yml",
+             "upgrade.yml", "db_ha.yml", "db_switchover.yml"]
 
 pytestmark = pytest.mark.skipif(not (BIN / "ansible-playbook").exists(), reason="ansible-core missing")
 
@@ -41,7 +42,7 @@ def test_inventories_have_the_groups_the_roles_expect():
         result = run(str(BIN / "ansible-inventory"), "-i", f"inventories/{inventory}", "--list")
         assert result.returncode == 0, result.stderr
         groups = json.loads(result.stdout)
-        for group in ("db", "arbiter", "workers", "home_workers", "production_workers"):
+        for group in ("db", "etcd", "arbiter", "workers", "home_workers", "production_workers"):
             assert groups.get(group, {}).get("hosts") or groups.get(group, {}).get("children"), (inventory, group)
 
 

@@ -1,6 +1,6 @@
 """The four-stage cutover and its rollback, by the Ansible playbooks, on the multi-host lab.
 
-ansible/lab/netlab.py brings up six hosts (two arbiters) (network + mount namespaces, each with its own sshd, the
+ansible/lab/netlab.py brings up seven hosts (two database hosts, two arbiters) (network + mount namespaces, each with its own sshd, the
 db host with a real PostgreSQL holding a legacy site). First the documented procedure on the idle
 lab, nobody submitting (every worker switch is proven by its gate's canary alone); then the whole
 cutover again with submissions arriving the whole time, run exactly as an operator runs it: a
@@ -64,14 +64,24 @@ class Lab:
         self.logs: list[Path] = []
         self.output = ""  # the last play's output
         self.stage: int | None = None  # where the last successful stage play or rollback left the lab
+        # Once db_ha.yml has run: the operator has set judge_db_ha in the inventory (every play gets
+        # it), and the database is reached over TCP at whichever host is primary.
+        self.db_ha = False
+
+    def admin_dsn(self) -> str:
+        if not self.db_ha:
+            return self.info["admin_dsn"]
+        hosts = ",".join(lab_address(h) for h in DB_HOSTS)
+        return (f"host={hosts} port=5432 dbname=judge user=postgres target_session_attrs=read-write "
+                f"password={self.secrets['judge_db_superuser_password']} connect_timeout=3")
 
     def connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.info["admin_dsn"], autocommit=True)
+        return psycopg.connect(self.admin_dsn(), autocommit=True)
 
     def play(self, playbook: str, *extra: str, check: bool = False) -> dict[str, dict[str, int]]:
         """Run a playbook like an operator; return the recap {host: {ok, changed, failed, ...}}."""
         argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", playbook, "-e", f"@{self.base}/secrets.yml",
-                *extra]
+                *(["-e", '{"judge_db_ha": true}'] if self.db_ha else []), *extra]
         if check:
             argv += ["--check", "--diff"]
         env = dict(os.environ, JUDGE_LAB_DIR=str(self.base), ANSIBLE_NOCOLOR="1",
@@ -104,7 +114,7 @@ class Flow(threading.Thread):
     """The site's users: a submission every second, alternately right and wrong, the whole time.
 
     Every worker switch and rollback step (several seconds each) happens with submissions in flight;
-    a faster trickle only adds judging load to the machine that also runs the six hosts. The users
+    a faster trickle only adds judging load to the machine that also runs the seven hosts. The users
     can be sent home for a while (pause/resume), as on a quiet night."""
 
     def __init__(self, lab: Lab):
@@ -120,20 +130,28 @@ class Flow(threading.Thread):
         with self.lab.connect() as conn:
             user = conn.execute("INSERT INTO users (name) VALUES ('flow') ON CONFLICT (name) "
                                 "DO UPDATE SET name = EXCLUDED.name RETURNING id").fetchone()[0]
-            n = 0
-            while not self.halt.wait(FLOW_SECS):
-                if self.paused.is_set():
-                    continue
-                verdict, source = ("AC", AC) if n % 2 == 0 else ("WA", WA)
-                try:
-                    sid = conn.execute("INSERT INTO submissions (user_id, problem_id, language, source) "
-                                       "VALUES (%s, %s, 'python3', %s) RETURNING id",
-                                       (user, problem, source)).fetchone()[0]
-                except psycopg.Error as exc:  # a schema change holds a lock for a moment: the site retries
-                    self.errors.append(str(exc))
-                    continue
-                self.expected[sid] = verdict
-                n += 1
+        conn = None
+        n = 0
+        while not self.halt.wait(FLOW_SECS):
+            if self.paused.is_set():
+                continue
+            verdict, source = ("AC", AC) if n % 2 == 0 else ("WA", WA)
+            try:
+                if conn is None or conn.closed:  # the site connects again (a database failover)
+                    conn = self.lab.connect()
+                sid = conn.execute("INSERT INTO submissions (user_id, problem_id, language, source) "
+                                   "VALUES (%s, %s, 'python3', %s) RETURNING id",
+                                   (user, problem, source)).fetchone()[0]
+            except psycopg.Error as exc:  # a schema change holds a lock for a moment: the site retries
+                self.errors.append(str(exc))
+                if isinstance(exc, psycopg.OperationalError) and conn is not None:
+                    conn.close()  # the server went away (a restart, a failover): connect again
+                    conn = None
+                continue
+            self.expected[sid] = verdict
+            n += 1
+        if conn is not None:
+            conn.close()
 
     def stop(self) -> None:
         self.halt.set()
@@ -239,7 +257,7 @@ def forward(lab: Lab, flow: Flow, stage: int) -> None:
     assert_no_change(lab.play(f"stage{stage}.yml"))
     lab.stage = stage
     settled(lab, flow)
-    node_checks.check_all(lab.nodes(), passwords, stage)
+    node_checks.check_all(lab.nodes(), passwords, stage, lab.db_ha)
     if stage >= 2:
         # home-1 judges through the arbiter from stage 2 on: results carry lease tokens.
         assert ("home-1", True) in transports_used_since(lab, since)
@@ -320,7 +338,7 @@ def upgrade(lab: Lab, flow: Flow) -> None:
     assert after != leader, f"{leader} still leads: the leader was not upgraded last, or the lock went back"
     twice = leased_twice_since(lab, since)
     assert not twice, f"submissions leased again during the upgrade (a reclaim or a release): {twice}"
-    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], lab.stage)
+    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], lab.stage, lab.db_ha)
 
 
 def first_grant_after(lab: Lab, since) -> float | None:
@@ -338,17 +356,89 @@ def leased_twice_since(lab: Lab, since) -> list:
                             "GROUP BY submission_id HAVING count(*) > 1", (since,)).fetchall()
 
 
+DB_HOSTS = ("db-1", "db-2")
+HA = ("-e", '{"judge_db_ha": true}')
+
+
+def longest_wait_between_grants(lab: Lab, since) -> float:
+    """The longest time between two leases granted since ``since`` (the database's clock), ``since``
+    itself counting as the first."""
+    with lab.connect() as conn:
+        seconds = conn.execute(
+            "SELECT extract(epoch FROM max(gap)) FROM (SELECT granted_at - coalesce(lag(granted_at) OVER "
+            "(ORDER BY granted_at), %s) AS gap FROM lease_grants WHERE granted_at > %s) gaps",
+            (since, since)).fetchone()[0]
+    return float(seconds or 0)
+
+
+def reachable(query, *args):
+    """What ``query`` returns, or None while no database host takes writes (a failover under way)."""
+    try:
+        return query(*args)
+    except psycopg.OperationalError:
+        return None
+
+
+def kill_host(host: str) -> None:
+    """The host dies as a power cut would take it: every process of it, -9 (its sshd aside, so that
+    the playbook can bring it back later as a rebooted host's would)."""
+    ns = f"jlab-{host}"
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+                os.kill(int(pid), 9)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+
+
+def database_failover(lab: Lab, flow: Flow) -> None:
+    """The database replicated under the flow, then its primary host killed, brought back and handed
+    the primary again on purpose, each time with nothing lost, stuck, misjudged or leased twice.
+
+    db_ha.yml puts db-1's running server under Patroni and clones it onto db-2 (a synchronous
+    standby); the stage play then gives every client a DSN naming both hosts. kill -9 of every
+    process of db-1 (its etcd member too): Patroni promotes db-2, the arbiters follow. db_ha.yml again
+    brings db-1 back as the standby; db_switchover.yml hands the primary back to it."""
+    since = db_now(lab)
+    lab.play("db_ha.yml", *HA)
+    lab.db_ha = True
+    lab.play(f"stage{lab.stage}.yml")
+    assert_no_change(lab.play("db_ha.yml"))
+    settled(lab, flow)
+    assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
+    nodes = lab.nodes()
+    assert node_checks.check_database(nodes, ha=True) == "db-1"
+
+    since = db_now(lab)
+    kill_host("db-1")
+    wait_for(lambda: reachable(first_grant_after, lab, since) is not None, 120, POLL_SECS,
+             what="a lease granted on the new primary")
+    print(f"database failover: first lease {first_grant_after(lab, since):.1f} s after db-1 was killed")
+    settled(lab, flow)
+    assert not leased_twice_since(lab, since), \
+        f"leased again after the failover (a lost result or a reclaim): {leased_twice_since(lab, since)}"
+
+    lab.play("db_ha.yml")  # db-1 comes back, as the standby
+    assert node_checks.check_database(lab.nodes(), ha=True) == "db-2"
+    since = db_now(lab)
+    lab.play("db_switchover.yml")
+    print(f"database switchover: longest wait between two leases {longest_wait_between_grants(lab, since):.1f} s")
+    settled(lab, flow)
+    assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
+    assert node_checks.check_database(lab.nodes(), ha=True) == "db-1"
+
+
 NOWHERE = "02:00:00:00:00:01"  # a MAC address no lab host has: frames sent to it are dropped on arrival
 
 
 def cut_from_database(host: str, cut: bool) -> None:
-    """Cut the line between ``host`` and the database host, both ways, or lift the cut.
+    """Cut the lines between ``host`` and the database hosts, both ways, or lift the cut.
 
     Each side is told a MAC address nobody has for the other (a permanent neighbour entry): frames
     go out, the bridge floods them, no host takes them. No RST, no ICMP, no local error, the hosts'
     other lines untouched: a broken link as the TCP stacks see one. (This kernel has no tc actions
     to drop with, and a blackhole route would fail the sender's calls at once.)"""
-    sides = ((host, lab_address("db-1")), ("db-1", lab_address(host)))
+    sides = [side for db in DB_HOSTS for side in ((host, lab_address(db)), (db, lab_address(host)))]
     for at, peer in sides:
         ip = ["ip", "netns", "exec", f"jlab-{at}", "ip", "neigh"]
         if cut:
@@ -404,7 +494,7 @@ def arbiter_takeovers(lab: Lab, flow: Flow) -> None:
              what=f"{leader} back as the standby once the cut is lifted")
     settled(lab, flow)
     assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
-    node_checks.check_all(nodes, lab.secrets["judge_legacy_db_passwords"], lab.stage)
+    node_checks.check_all(nodes, lab.secrets["judge_legacy_db_passwords"], lab.stage, lab.db_ha)
 
 
 def reach_stage(lab: Lab, stage: int) -> None:
@@ -552,6 +642,7 @@ def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
     passwords = lab.secrets["judge_legacy_db_passwords"]
     for stage in (2, 3, 4):
         forward(lab, flow, stage)
+    database_failover(lab, flow)
     upgrade(lab, flow)
     arbiter_takeovers(lab, flow)
     rotate_worker_credentials(lab, flow)
@@ -560,7 +651,7 @@ def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
         lab.play("rollback.yml", "-e", f"judge_rollback_to={target}")
         lab.stage = target
         settled(lab, flow)
-        node_checks.check_all(lab.nodes(), passwords, target)
+        node_checks.check_all(lab.nodes(), passwords, target, lab.db_ha)
         if target == 3:
             with lab.connect() as conn:
                 assert conn.execute("SELECT count(*) FROM judge_dispatch_state").fetchone() == (1,)
