@@ -1,12 +1,14 @@
 """The four-stage cutover and its rollback, by the Ansible playbooks, on the multi-host lab.
 
-ansible/lab/netlab.py brings up seven hosts (two database hosts, two arbiters) (network + mount namespaces, each with its own sshd, the
-db host with a real PostgreSQL holding a legacy site). First the documented procedure on the idle
-lab, nobody submitting (every worker switch is proven by its gate's canary alone); then the whole
-cutover again with submissions arriving the whole time, run exactly as an operator runs it: a
---check --diff preview, the stage, the stage again (which must change nothing); after each stage and
-each rollback step testinfra checks every node and the database shows nothing lost, stuck or judged
-wrong.
+ansible/lab/netlab.py brings up seven hosts (network + mount namespaces, each with its own sshd):
+db-1 with a real PostgreSQL holding a legacy site, an empty db-2, two arbiter hosts, three workers.
+First db_ha.yml replicates the legacy site's database onto db-2 (Patroni, etcd); then the
+documented procedure on the idle lab, nobody submitting (every worker switch is proven by its
+gate's canary alone); then the whole cutover again with submissions arriving the whole time, run
+exactly as an operator runs it: a --check --diff preview, the stage, the stage again (which must
+change nothing); after each stage and each rollback step testinfra checks every node and the
+database shows nothing lost, stuck or judged wrong. At stage 4 the database's primary host and
+then the leading arbiter are killed under the flow.
 """
 
 from __future__ import annotations
@@ -391,24 +393,28 @@ def kill_host(host: str) -> None:
             pass
 
 
-def database_failover(lab: Lab, flow: Flow) -> None:
-    """The database replicated under the flow, then its primary host killed, brought back and handed
-    the primary again on purpose, each time with nothing lost, stuck, misjudged or leased twice.
-
-    db_ha.yml puts db-1's running server under Patroni and clones it onto db-2 (a synchronous
-    standby); the stage play then gives every client a DSN naming both hosts. kill -9 of every
-    process of db-1 (its etcd member too): Patroni promotes db-2, the arbiters follow. db_ha.yml again
-    brings db-1 back as the standby; db_switchover.yml hands the primary back to it."""
-    since = db_now(lab)
+def replicate(lab: Lab) -> None:
+    """The operator replicates the database (docs/operations.md): db_ha.yml, with judge_db_ha set in
+    the inventory from then on (every later play gets it). Patroni takes db-1's running server over
+    and db-2 clones it as the synchronous standby."""
     lab.play("db_ha.yml", *HA)
     lab.db_ha = True
-    lab.play(f"stage{lab.stage}.yml")
-    assert_no_change(lab.play("db_ha.yml"))
-    settled(lab, flow)
-    assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
-    nodes = lab.nodes()
-    assert node_checks.check_database(nodes, ha=True) == "db-1"
+    assert node_checks.check_database(lab.nodes(), ha=True) == "db-1"
 
+
+def database_failover(lab: Lab, flow: Flow) -> None:
+    """The replicated database's primary host killed under the flow, brought back and handed the
+    primary again on purpose, each time with nothing lost, stuck, misjudged or leased twice.
+
+    kill -9 of every process of db-1 (Patroni, PostgreSQL, its etcd member): Patroni promotes db-2,
+    the arbiters follow. db_ha.yml brings db-1 back as the standby; db_switchover.yml hands the
+    primary back to it; db_ha.yml once more changes nothing."""
+    if not lab.db_ha:  # run on its own (-k): the first test did not replicate this lab
+        since = db_now(lab)
+        replicate(lab)
+        lab.play(f"stage{lab.stage}.yml")  # every client's DSN names both hosts
+        settled(lab, flow)
+        assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
     since = db_now(lab)
     kill_host("db-1")
     wait_for(lambda: reachable(first_grant_after, lab, since) is not None, 120, POLL_SECS,
@@ -425,6 +431,7 @@ def database_failover(lab: Lab, flow: Flow) -> None:
     print(f"database switchover: longest wait between two leases {longest_wait_between_grants(lab, since):.1f} s")
     settled(lab, flow)
     assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
+    assert_no_change(lab.play("db_ha.yml"))
     assert node_checks.check_database(lab.nodes(), ha=True) == "db-1"
 
 
@@ -546,12 +553,15 @@ def gate_tasks(output: str) -> str:
 
 
 def test_the_documented_procedure_passes_on_an_idle_lab(lab):
-    """docs/cutover.md as written, nobody submitting: stage 0 converge, stages 1-4, the rollback.
+    """docs/cutover.md as written, nobody submitting: stage 0 converge, stages 1-4, the rollback,
+    on the replicated database (docs/operations.md: db_ha.yml first, on the legacy site).
 
     Every gate is a canary pinned to the switched worker, so a quiet site passes in seconds; each
-    switch's play shows its gate's line with the canary's timings."""
+    switch's play shows its gate's line with the canary's timings. The tests after this one run on
+    the replicated database too."""
     with lab.connect() as conn:
         assert conn.execute("SELECT count(*) FROM submissions").fetchone() == (0,)
+    replicate(lab)
     homes = sorted(h for h in lab.info["hosts"] if h.startswith("home"))
     prods = sorted(h for h in lab.info["hosts"] if h.startswith("prod"))
     switched = {0: homes + prods, 1: [], 2: homes[:1], 3: homes[1:], 4: prods}
@@ -608,7 +618,7 @@ def test_a_worker_that_fails_its_gate_is_put_back_and_the_play_stops(lab, flow):
         before = {h: n.file("/etc/judge-worker/worker.toml").content_string
                   for h, n in nodes.items() if h.startswith(("home", "prod"))}
         argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", "stage2.yml", "-e",
-                f"@{lab.base}/secrets.yml"]
+                f"@{lab.base}/secrets.yml", *(HA if lab.db_ha else ())]
         env = dict(os.environ, JUDGE_LAB_DIR=str(lab.base), ANSIBLE_NOCOLOR="1",
                    PATH=f"{BIN}:{os.environ['PATH']}")
         result = subprocess.run(argv, cwd=ANSIBLE, env=env, capture_output=True, text=True, timeout=900)
