@@ -140,6 +140,7 @@ class Run:
         self.target_faults = faults
         self.target_submissions = submissions
         self.log = log
+        self.t0 = time.time()  # the faults' times are printed from here
         self.faults: list[Fault] = []
         self.faults_lock = threading.Lock()
         self.submitted: dict[int, str] = {}
@@ -156,6 +157,8 @@ class Run:
             count = len(self.faults)
             if count >= self.target_faults:
                 self.done.set()
+        # Every fault as it is injected, with its time: a failing run's schedule can be read back.
+        self.log(f"fault {count}: +{started - self.t0:.2f}s {kind} {target}" + (f" ({detail})" if detail else ""))
         if count % 25 == 0:
             self.log(f"{count} faults injected; {len(self.submitted)} submitted")
 
@@ -410,6 +413,8 @@ class Run:
 
 
 def run(seed: int, faults: int, submissions: int, workdir: Path | None = None, log=print):
+    log(f"chaos run: seed {seed}, {faults} faults, at least {submissions} submissions "
+        f"(again: python tests/chaos/run.py --seed {seed} --faults {faults} --submissions {submissions})")
     root = Path(workdir or tempfile.mkdtemp(prefix="judge-chaos-"))
     lab = Lab(root)
     try:

@@ -14,8 +14,13 @@ FAULTS = int(os.environ.get("JUDGE_CHAOS_FAULTS", "100"))
 
 @pytest.mark.timeout(900)
 def test_chaos_run_has_no_violations(tmp_path):
-    report = run(SEED, FAULTS, submissions=max(60, FAULTS // 2), workdir=tmp_path)
+    said: list[str] = []
+    report = run(SEED, FAULTS, submissions=max(60, FAULTS // 2), workdir=tmp_path, log=said.append)
+    print("\n".join(said))
     print(report.figures)
+    # The run says how to run it again, and names every fault with its time.
+    assert said[0].startswith(f"chaos run: seed {SEED}, {FAULTS} faults"), said[:1]
+    assert len([line for line in said if line.startswith("fault ")]) == report.figures["faults"]
     assert report.figures["faults"] >= FAULTS
     assert len(report.figures["faults_by_kind"]) >= 6, "every kind of fault should have been drawn"
     assert report.figures["reclaims"] > 0, "a run where no lease was ever lost tested little"

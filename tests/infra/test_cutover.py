@@ -381,6 +381,17 @@ def reachable(query, *args):
         return None
 
 
+def worker_errors(lab: Lab) -> dict[str, int]:
+    """How many error lines each worker has logged so far (its log is one JSON object per line)."""
+    nodes = lab.nodes()
+    found = {}
+    for worker in node_checks.HOME + node_checks.PRODUCTION:
+        counted = nodes[worker].run("grep -c '\"level\": \"error\"' /var/log/judge-worker/worker.log")
+        assert counted.rc in (0, 1), counted.stderr
+        found[worker] = int(counted.stdout.strip() or 0)
+    return found
+
+
 def kill_host(host: str) -> None:
     """The host dies as a power cut would take it: every process of it, -9 (its sshd aside, so that
     the playbook can bring it back later as a rebooted host's would)."""
@@ -427,10 +438,13 @@ def database_failover(lab: Lab, flow: Flow) -> None:
     lab.play("db_ha.yml")  # db-1 comes back, as the standby
     assert node_checks.check_database(lab.nodes(), ha=True) == "db-2"
     since = db_now(lab)
+    errors = worker_errors(lab)
     lab.play("db_switchover.yml")
     print(f"database switchover: longest wait between two leases {longest_wait_between_grants(lab, since):.1f} s")
     settled(lab, flow)
     assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
+    # A planned hand-over is not a fault any worker should report: the arbiters ride it out.
+    assert worker_errors(lab) == errors, f"workers logged errors during the switchover: {errors} -> {worker_errors(lab)}"
     assert_no_change(lab.play("db_ha.yml"))
     assert node_checks.check_database(lab.nodes(), ha=True) == "db-1"
 
