@@ -1,7 +1,11 @@
 """The worker's outbox: atomic, durable, ordered; corrupt files are moved aside, never fatal."""
 
+import errno
 import json
 import os
+import subprocess
+
+import pytest
 
 from worker.backoff import Backoff
 from worker.delivery.outbox import Entry, Outbox
@@ -60,3 +64,32 @@ def test_backoff_doubles_with_jitter_and_caps_at_30():
         assert expected * 0.8 <= got <= expected * 1.2
     b.reset()
     assert b.next_delay() <= 1.2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs")
+def test_a_full_disk_refuses_the_write_whole_and_leaves_nothing_half_written(tmp_path):
+    """The worker hands the lease back when its result cannot be kept (worker/slot.py): the outbox
+    must say so with an OSError, not keep a truncated entry that would be read back as corrupt."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        box = Outbox(disk / "outbox")
+        filler = disk / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        with pytest.raises(OSError) as raised:
+            box.put(Entry("arbiter", 5, "AC", lease_token="t", lease_gen=1, detail={"out": "x" * 3000}))
+        assert raised.value.errno == errno.ENOSPC
+        assert list((disk / "outbox").iterdir()) == [] and box.pending() == []
+        filler.unlink()
+        box.put(Entry("arbiter", 5, "AC", lease_token="t", lease_gen=1, detail={"out": "x" * 3000}))
+        assert [e.submission_id for _, e in box.pending()] == [5]
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)

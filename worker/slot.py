@@ -170,8 +170,16 @@ class JudgeSlot:
         arbiter cannot be reached, the lease expires and the janitor hands it on)."""
         self._log(logging.ERROR, f"{what}; handing the lease back so that another worker judges it",
                   submission_id=assignment.job.submission_id, reason=reason[:300])
-        keepalive.stop()
+        if keepalive is not None:  # None: its heartbeats have stopped already
+            keepalive.stop()
         self.transport.release(assignment, reason)
+
+    def _step_aside_a_while(self) -> None:
+        """After a hand-back for a reason of this host's: wait (longer each time) before asking again."""
+        self.lifecycle.go("step_aside")
+        delay = self._step_aside.next_delay()
+        self._log(logging.INFO, "stepping aside before asking for work again", delay_secs=round(delay, 2))
+        self.worker.stopping.wait(delay)
 
     def run_once(self) -> bool:
         """One assignment judged and put in the outbox. False when there was nothing to do."""
@@ -200,7 +208,16 @@ class JudgeSlot:
         verdict = self._judge(assignment)
         if verdict is None:
             return True
-        self.worker.outbox.put(self.transport.entry_for(assignment, verdict))
+        try:
+            self.worker.outbox.put(self.transport.entry_for(assignment, verdict))
+        except OSError as exc:
+            if assignment.lease_token is None:
+                raise  # a legacy claim has nobody to hand it back to: the loop logs it and goes on
+            # This host's disk (full, read-only) cannot keep the result: it is not delivered without its
+            # durable copy, and the lease goes back for another worker rather than expiring here.
+            self._hand_back(assignment, None, "the outbox cannot be written", f"outbox: {exc}")
+            self._step_aside_a_while()
+            return True
         faults.after_outbox_write()
         if self.state is SlotState.JUDGING:  # a legacy claim's system_error leaves the slot BROKEN
             self.lifecycle.go("idle")
@@ -250,10 +267,7 @@ class JudgeSlot:
         except CannotJudgeHere as exc:
             if assignment.lease_token is not None:
                 self._hand_back(assignment, keepalive, "cannot judge this submission here", str(exc))
-                self.lifecycle.go("step_aside")
-                delay = self._step_aside.next_delay()
-                self._log(logging.INFO, "stepping aside before asking for work again", delay_secs=round(delay, 2))
-                self.worker.stopping.wait(delay)
+                self._step_aside_a_while()
                 return None
             self._log(logging.ERROR, "cannot judge this submission here; reporting system_error",
                       submission_id=job.submission_id, reason=str(exc)[:300])

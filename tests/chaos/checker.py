@@ -10,7 +10,8 @@ Inputs are facts, never the system's own opinion of itself:
 The properties (docs/design.md sections 1, 3, 5, 6 and the issue's list):
   lost / not terminal, wrong verdict, verdict by a token that was not current, a generation decided
   twice, two live leases at once, lease_gen going backwards, AC/XP credited twice, a reclaim (and so
-  any system_error) for which no fault on the holder's side accounts (arbiter downtime alone).
+  any system_error) for which no fault on the holder's side accounts (arbiter downtime alone), a
+  lease lost to a fault of the holder's disk other than by its own hand-back.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field
 # Faults on a worker's own path: the worker process, or its network to the arbiters.
 WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request", "stale_result",
                "stale_heartbeat"}
+# Faults of a worker host's own disk (its outbox full or read-only): they may cost a lease only as a
+# hand-back (the worker releases it, answered 200), never as an expiry.
+LOCAL_DISK = {"disk_full", "disk_readonly"}
 # Slack for comparing this host's wall clock (history) with the database's now(): same machine, same clock.
 CLOCK_SLACK_SECS = 0.05
 # An acquire the worker sent before its fault can stay parked at the arbiter after it (the arbiter only
@@ -129,36 +133,15 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
         if xp != expected_xp:
             report.add("XP wrong", f"user {user} has {xp} XP, expected {expected_xp}")
 
-    # Reclaims: a generation superseded (or ended in system_error) without a verdict of its own lost
-    # its lease. Only a fault on the holder's side may account for that; arbiter or DB downtime may not.
-    reclaims = unaccounted = 0
-    worker_faults = defaultdict(list)
-    for fault in faults:
-        if fault.kind in WORKER_SIDE:
-            worker_faults[fault.target].append(fault)
-    for sid, entries in grants.items():
-        decided_gens = {e[2] for e in judgings[sid] if e[4] == "worker"}
-        status, current_gen = rows.get(sid, (None, None))
-        for index, (gen, worker, granted_at, _) in enumerate(entries):
-            superseded_at = entries[index + 1][2] if index + 1 < len(entries) else None
-            lost = gen not in decided_gens and (superseded_at is not None or
-                                                (status == "system_error" and gen == current_gen))
-            if not lost:
-                continue
-            reclaims += 1
-            until = superseded_at if superseded_at is not None else float("inf")
-            if not any(f.started_at <= until and f.ended_at >= granted_at - ORPHANED_POLL_SECS - CLOCK_SLACK_SECS
-                       for f in worker_faults[worker]):
-                unaccounted += 1
-                kind = "system_error from arbiter downtime" if superseded_at is None else "unaccounted reclaim"
-                report.add(kind, f"submission {sid} gen {gen} held by {worker} from {granted_at:.3f} was reclaimed "
-                                 f"with no fault on {worker}'s side")
+    reclaims, handed_back_for_disk = lost_lease_violations(report, grants, judgings, rows, faults, history,
+                                                           token_gen)
 
     counts: dict[str, int] = defaultdict(int)
     for status, _ in rows.values():
         counts[status] += 1
     report.figures.update(submissions=len(submitted), statuses=dict(sorted(counts.items())),
                           grants=sum(len(v) for v in grants.values()), reclaims=reclaims,
+                          handed_back_for_disk=handed_back_for_disk,
                           honoured_token_requests=honoured, exchanges=len(history), gen_samples=len(gen_samples))
     return report
 
@@ -192,3 +175,51 @@ def live_lease_violations(report: Report, history, grants, token_gen, judgings) 
                 report.add("two live leases", f"submission {sid}: gen {gen} honoured on {exchange.path} after gen "
                                               f"{newer_gen} went to {worker}")
     return honoured
+
+
+def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[Fault], history,
+                          token_gen) -> tuple[int, int]:
+    """Reclaims: a generation superseded (or ended in system_error) without a verdict of its own lost
+    its lease. Only a fault on the holder's side may account for that; arbiter or DB downtime may not,
+    and a fault of the holder's disk only if the holder handed the lease back itself. Returns how many
+    leases were lost, and how many of them were handed back for a disk fault."""
+    reclaims = handed_back_for_disk = 0
+    worker_faults = defaultdict(list)
+    disk_faults = defaultdict(list)
+    for fault in faults:
+        if fault.kind in WORKER_SIDE:
+            worker_faults[fault.target].append(fault)
+        elif fault.kind in LOCAL_DISK:
+            disk_faults[fault.target].append(fault)
+    handed_back = {token_gen[e.body["lease_token"]] for e in history
+                   if e.path.endswith("/release") and e.status == 200 and e.body
+                   and e.body.get("lease_token") in token_gen}
+    for sid, entries in grants.items():
+        decided_gens = {e[2] for e in judgings[sid] if e[4] == "worker"}
+        status, current_gen = rows.get(sid, (None, None))
+        for index, (gen, worker, granted_at, _) in enumerate(entries):
+            superseded_at = entries[index + 1][2] if index + 1 < len(entries) else None
+            lost = gen not in decided_gens and (superseded_at is not None or
+                                                (status == "system_error" and gen == current_gen))
+            if not lost:
+                continue
+            reclaims += 1
+            until = superseded_at if superseded_at is not None else float("inf")
+
+            def during(held_faults, until=until, granted_at=granted_at) -> bool:
+                return any(f.started_at <= until and f.ended_at >= granted_at - ORPHANED_POLL_SECS - CLOCK_SLACK_SECS
+                           for f in held_faults)
+
+            if not during(worker_faults[worker]):
+                if during(disk_faults[worker]):
+                    if (sid, gen) in handed_back:
+                        handed_back_for_disk += 1  # its disk failed it and it said so: the lease went back at once
+                        continue
+                    report.add("lease lost to a disk fault", f"submission {sid} gen {gen} held by {worker} from "
+                                                             f"{granted_at:.3f} was lost while {worker}'s disk failed, "
+                                                             "without its hand-back")
+                    continue
+                kind = "system_error from arbiter downtime" if superseded_at is None else "unaccounted reclaim"
+                report.add(kind, f"submission {sid} gen {gen} held by {worker} from {granted_at:.3f} was reclaimed "
+                                 f"with no fault on {worker}'s side")
+    return reclaims, handed_back_for_disk

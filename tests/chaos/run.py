@@ -1,10 +1,12 @@
 """A seeded, bounded chaos run: real arbiters, real workers, a real PostgreSQL, and a nemesis.
 
-Two nemesis threads share one seed. The process nemesis kills (-9) and pauses (SIGSTOP) workers and
+Three nemesis threads share one seed. The process nemesis kills (-9) and pauses (SIGSTOP) workers and
 arbiters, restarts the database, brings a second arbiter up and down, and holds a worker's result on
 the way until its lease is reclaimed and the same worker holds a new lease of that submission (the
 seed's scenario 5, made to happen); the network nemesis drops
-replies and delays requests in per-worker HTTP proxies. Meanwhile a client submits programs whose
+replies and delays requests in per-worker HTTP proxies; the disk nemesis (as root: each worker's
+outbox is a small tmpfs of its own) fills a worker's outbox disk or makes it read-only for a while,
+and the worker must hand back what it cannot keep. Disk faults come on top of the run's fault count. Meanwhile a client submits programs whose
 verdict it knows and rejudges some finished ones, and a sampler records lease_gen. At the end every
 fault is healed, the run waits until nothing is pending or judging, and ``checker.check`` reports.
 
@@ -21,6 +23,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +49,7 @@ ARBITER = {"lease_secs": LEASE_SECS, "unconfirmed_secs": 2.0, "grace_secs": 4.0,
 WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
           "backoff_max_secs": 1.5, "request_timeout_secs": 1.5}
 assert ORPHANED_POLL_SECS >= ARBITER["long_poll_max_secs"], "the checker's window must cover a parked poll"
+OUTBOX_DISK_BYTES = 1 << 20  # each worker's outbox disk: room for hundreds of entries, filled in an instant
 WORKER_IDS = {"home-1": "home", "home-2": "home", "home-3": "home", "prod-1": "production"}
 # (language, verdict) mix. "slow" programs take about a second on three tests (sleeping, well inside the
 # wall limit), so most faults find a worker in the middle of judging.
@@ -83,6 +87,15 @@ class Lab:
                         for w, kind in WORKER_IDS.items()}
         self.db_gate = threading.Lock()  # the client does not submit while the nemesis has the DB down
         self.paused: set[str] = set()
+        # Each worker's outbox on a small filesystem of its own, so that the disk nemesis can fill it or
+        # make it read-only without touching anything else (root only: mounting).
+        self.disks: dict[str, Path] = {}
+        if os.geteuid() == 0:
+            for name, worker in self.workers.items():
+                worker.outbox.mkdir(parents=True, exist_ok=True)
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={OUTBOX_DISK_BYTES},mode=0700", "tmpfs",
+                                str(worker.outbox)], check=True, capture_output=True)
+                self.disks[name] = worker.outbox
 
     def connect(self):
         return psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
@@ -130,7 +143,33 @@ class Lab:
                 arbiter.kill9()
         for proxy in self.proxies.values():
             proxy.close()
+        for disk in self.disks.values():
+            subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)
         self.cluster.destroy()
+
+    # -- a worker's disk -----------------------------------------------------------------
+    def fill_disk(self, name: str) -> Path:
+        """Fill the worker's outbox disk to the last byte; returns the file that fills it."""
+        filler = self.disks[name] / ".filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 65536)
+        except OSError:  # ENOSPC: full
+            pass
+        finally:
+            os.close(fd)
+        return filler
+
+    def remount_disk(self, name: str, mode: str) -> None:
+        """The worker's outbox disk read-only ("ro") or writable again ("rw"). A remount read-only is
+        refused while a file is open for writing there (an outbox write in progress): tried again."""
+        for _ in range(50):
+            if subprocess.run(["mount", "-o", f"remount,{mode}", str(self.disks[name])],
+                              capture_output=True).returncode == 0:
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"could not remount {name}'s outbox disk {mode}")
 
 
 class Run:
@@ -141,6 +180,7 @@ class Run:
         self.target_submissions = submissions
         self.log = log
         self.t0 = time.time()  # the faults' times are printed from here
+        self.counted = 0  # faults that count towards target_faults
         self.faults: list[Fault] = []
         self.faults_lock = threading.Lock()
         self.submitted: dict[int, str] = {}
@@ -150,12 +190,13 @@ class Run:
         self.errors: list[str] = []
 
     # -- bookkeeping -------------------------------------------------------------------
-    def record(self, kind: str, target: str, started: float, detail: str = "") -> None:
+    def record(self, kind: str, target: str, started: float, detail: str = "", counted: bool = True) -> None:
         fault = Fault(kind, target, started, time.time(), detail)
         with self.faults_lock:
             self.faults.append(fault)
             count = len(self.faults)
-            if count >= self.target_faults:
+            self.counted += counted
+            if self.counted >= self.target_faults:
                 self.done.set()
         # Every fault as it is injected, with its time: a failing run's schedule can be read back.
         self.log(f"fault {count}: +{started - self.t0:.2f}s {kind} {target}" + (f" ({detail})" if detail else ""))
@@ -325,6 +366,28 @@ class Run:
             time.sleep(0.05)
         return False
 
+    def disk_nemesis(self) -> None:
+        """Now and then one worker's outbox disk is full or read-only for a few seconds. Its faults do
+        not count towards the run's total (the other nemeses' schedule stays what the seed makes it)."""
+        rng = random.Random(f"{self.seed}-disk")
+        lab = self.lab
+        if not lab.disks:
+            return
+        while not self.done.wait(rng.uniform(4.0, 10.0)):
+            name = rng.choice(sorted(lab.disks))
+            kind = rng.choice(["disk_full", "disk_full", "disk_readonly"])
+            secs = rng.uniform(1.0, 4.0)
+            started = time.time()
+            if kind == "disk_full":
+                filler = lab.fill_disk(name)
+                time.sleep(secs)
+                filler.unlink()
+            else:
+                lab.remount_disk(name, "ro")
+                time.sleep(secs)
+                lab.remount_disk(name, "rw")
+            self.record(kind, name, started, f"{secs:.1f}s", counted=False)
+
     def network_nemesis(self) -> None:
         rng = random.Random(f"{self.seed}-network")
         lab = self.lab
@@ -385,7 +448,8 @@ class Run:
         started = time.monotonic()
         threads = [self.guarded(n, f) for n, f in (("client", self.client), ("sampler", self.sampler),
                                                     ("process-nemesis", self.process_nemesis),
-                                                    ("network-nemesis", self.network_nemesis))]
+                                                    ("network-nemesis", self.network_nemesis),
+                                                    ("disk-nemesis", self.disk_nemesis))]
         self.done.wait()
         for thread in threads:
             thread.join(timeout=30)

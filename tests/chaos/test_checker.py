@@ -1,8 +1,9 @@
 """The chaos checker's own logic, on made-up histories: it must flag a live old lease and must not
-flag the outbox's repeat of a verdict that was written while its lease was current, and it must judge
-a request held on the way by when it reached the server."""
+flag the outbox's repeat of a verdict that was written while its lease was current, it must judge
+a request held on the way by when it reached the server, and it must let a fault of a worker's disk
+cost a lease only as that worker's own hand-back."""
 
-from checker import Report, live_lease_violations
+from checker import Fault, Report, live_lease_violations, lost_lease_violations
 from support.faultproxy import Exchange
 
 TOKEN_1, TOKEN_3 = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000003"
@@ -48,3 +49,35 @@ def test_a_request_held_on_the_way_counts_from_when_it_reached_the_server():
     # The same request let through at t=16 was honoured while gen 1 was current.
     held.forwarded_at = 16.0
     assert violations([held], decided_at_gen_1=None) == []
+
+
+# Submission 40: gen 1 to home-1 at t=10, superseded by gen 2 to home-2 at t=30 without a verdict of gen 1.
+LOST = {40: [(1, "home-1", 10.0, TOKEN_1), (2, "home-2", 30.0, TOKEN_3)]}
+LOST_TOKENS = {TOKEN_1: (40, 1), TOKEN_3: (40, 2)}
+ROWS = {40: ("AC", 2)}
+JUDGINGS = {40: [(1, "AC", 2, TOKEN_3, "worker", 35.0)]}
+FULL_DISK = Fault("disk_full", "home-1", 12.0, 15.0, "outbox")
+
+
+def lost(faults, history) -> tuple[list[str], int]:
+    report = Report()
+    _, handed_back = lost_lease_violations(report, LOST, JUDGINGS, ROWS, faults, history, LOST_TOKENS)
+    return report.violations, handed_back
+
+
+def test_a_lease_handed_back_for_a_full_disk_is_accounted_for():
+    release = Exchange(worker_id="home-1", method="POST", path="/v1/leases/40/release",
+                       body={"lease_token": TOKEN_1, "reason": "outbox: [Errno 28]"}, sent_at=14.0, status=200)
+    assert lost([FULL_DISK], [release]) == ([], 1)
+
+
+def test_a_lease_that_expired_during_a_full_disk_is_a_violation():
+    # No hand-back: the worker let the lease run out although it knew it could not keep the result.
+    violations, handed_back = lost([FULL_DISK], [])
+    assert handed_back == 0 and violations == [
+        "lease lost to a disk fault: submission 40 gen 1 held by home-1 from 10.000 was lost while home-1's disk "
+        "failed, without its hand-back"]
+
+
+def test_a_worker_side_fault_still_accounts_for_a_lost_lease():
+    assert lost([Fault("kill_worker", "home-1", 12.0, 12.5)], []) == ([], 0)

@@ -88,10 +88,18 @@ class Outbox:
         data = json.dumps(asdict(entry), sort_keys=True).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, data)
+            written = 0
+            while written < len(data):  # a nearly full disk may take part of a write without an error
+                written += os.write(fd, data[written:])
             os.fsync(fd)
-        finally:
+        except OSError:
             os.close(fd)
+            try:
+                tmp.unlink(missing_ok=True)  # never renamed: nothing was promised
+            except OSError:
+                pass  # a read-only disk keeps it; the next pending() removes it
+            raise
+        os.close(fd)
         os.rename(tmp, final)
         _fsync_dir(directory)
         return final
