@@ -83,7 +83,7 @@ class Lab:
     def play(self, playbook: str, *extra: str, check: bool = False) -> dict[str, dict[str, int]]:
         """Run a playbook like an operator; return the recap {host: {ok, changed, failed, ...}}."""
         argv = [str(BIN / "ansible-playbook"), "-i", "inventories/lab", playbook, "-e", f"@{self.base}/secrets.yml",
-                *(["-e", '{"judge_db_ha": true}'] if self.db_ha else []), *extra]
+                *(HA if self.db_ha else ()), *extra]
         if check:
             argv += ["--check", "--diff"]
         env = dict(os.environ, JUDGE_LAB_DIR=str(self.base), ANSIBLE_NOCOLOR="1",
@@ -395,7 +395,7 @@ def worker_errors(lab: Lab) -> dict[str, int]:
 def kill_host(host: str) -> None:
     """The host dies as a power cut would take it: every process of it, -9 (its sshd aside, so that
     the playbook can bring it back later as a rebooted host's would)."""
-    ns = f"jlab-{host}"
+    ns = lab_netns(host)
     for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
         try:
             if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
@@ -461,12 +461,19 @@ def cut_from_database(host: str, cut: bool) -> None:
     to drop with, and a blackhole route would fail the sender's calls at once.)"""
     sides = [side for db in DB_HOSTS for side in ((host, lab_address(db)), (db, lab_address(host)))]
     for at, peer in sides:
-        ip = ["ip", "netns", "exec", f"jlab-{at}", "ip", "neigh"]
+        ip = ["ip", "netns", "exec", lab_netns(at), "ip", "neigh"]
         if cut:
             subprocess.run([*ip, "replace", peer, "lladdr", NOWHERE, "dev", "eth0", "nud", "permanent"],
                            check=True, capture_output=True)
         else:
             subprocess.run([*ip, "del", peer, "dev", "eth0"], check=True, capture_output=True)
+
+
+def lab_netns(host: str) -> str:
+    sys.path.insert(0, str(ANSIBLE / "lab"))
+    import netlab
+
+    return netlab.netns(host)
 
 
 def lab_address(host: str) -> str:
