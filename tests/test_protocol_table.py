@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +37,7 @@ def table() -> list[tuple[str, int, str]]:
 class Answering(ThreadingHTTPServer):
     daemon_threads = True
     status = 200
+    retry_after = "0"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -45,7 +47,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.dumps(LEASE if status == 200 and self.path == "/v1/acquire" else {"title": f"status {status}"})
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Retry-After", "0")
+        self.send_header("Retry-After", self.server.retry_after)
         self.send_header("Content-Length", str(len(body)) if status != 204 else "0")
         self.end_headers()
         if status != 204:
@@ -63,11 +65,12 @@ def server():
     srv.shutdown()
 
 
-def transport(server, tmp_path) -> ArbiterTransport:
+def transport(server, tmp_path, port: int | None = None, backoff_max_secs: float = 0.02) -> ArbiterTransport:
     cfg = WorkerConfig(worker_id="home-1", kind="home", transport="arbiter", outbox_dir=tmp_path / "o",
                        testdata_dir=tmp_path, work_dir=tmp_path / "w", sandbox=SandboxConfig(),
-                       arbiter_urls=(f"http://127.0.0.1:{server.server_address[1]}",), credential="home-1.secret",
-                       backoff_initial_secs=0.01, backoff_max_secs=0.02, request_timeout_secs=5.0)
+                       arbiter_urls=(f"http://127.0.0.1:{port or server.server_address[1]}",),
+                       credential="home-1.secret", backoff_initial_secs=0.01, backoff_max_secs=backoff_max_secs,
+                       request_timeout_secs=5.0)
     return ArbiterTransport(cfg)
 
 
@@ -106,3 +109,44 @@ def test_the_table_covers_every_refusal_the_arbiter_counts():
     for status, outcome in rows.items():
         assert is_refusal(status) == (outcome in ("reject", "too_large")), (status, outcome)
     assert rows[413] == "too_large"
+
+
+class Waits(threading.Event):
+    """A stop event that is never set and records each wait asked of it (returning at once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked: list[float] = []
+
+    def wait(self, timeout=None):
+        self.asked.append(timeout)
+        return False
+
+
+def test_a_refusal_that_says_when_is_waited_as_told_and_silence_backs_off(server, tmp_path):
+    """A 503 with Retry-After (the database away during a failover, a leader handing over) is waited
+    as the arbiter says, every time, with at most 20 % jitter: the worker is back within about a
+    second of the new primary answering. Silence (nothing listens) grows the exponential series.
+    The same for a result in the outbox: the arbiter's Retry-After comes back with the RETRY."""
+    server.status, server.retry_after = 503, "1"
+    try:
+        told = transport(server, tmp_path, backoff_max_secs=30.0)
+        stop = Waits()
+        for _ in range(10):  # past where the series would have passed 1 s (0.01 * 2 ** 7)
+            assert told.next_assignment(stop) is None
+        assert all(1.0 <= d <= 1.2 for d in stop.asked), stop.asked
+
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            closed_port = unused.getsockname()[1]
+        silent = transport(server, tmp_path, port=closed_port, backoff_max_secs=30.0)
+        stop = Waits()
+        for _ in range(6):
+            assert silent.next_assignment(stop) is None
+        assert stop.asked[-1] > 4 * stop.asked[0] and stop.asked[-1] > 0.25, stop.asked
+
+        outcome = told.deliver(Entry(transport="arbiter", submission_id=7, verdict="AC", lease_token="t" * 36,
+                                     lease_gen=1, detail={"tests": []}))
+        assert (outcome.kind.value, outcome.retry_after) == ("retry", 1.0)
+    finally:
+        server.status, server.retry_after = 200, "0"

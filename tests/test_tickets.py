@@ -7,13 +7,14 @@ The first part needs nothing but the lot; the last part runs the real dispatcher
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
 import pytest
 from support.fixtures_data import seed_problem, seed_submissions
 from support.parking import leave, unpark
-from support.procs import add_worker
+from support.procs import add_worker, wait_for
 
 from arbiter.server import faults
 from arbiter.server.config import ArbiterSettings
@@ -455,3 +456,33 @@ def test_a_request_id_served_before_makes_the_batch_match_one_by_one(batch_dispa
     with db.connect() as conn:
         assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (5,)
         assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging'").fetchone() == (5,)
+
+
+# -- the dispatcher's loop after a database outage ---------------------------------------------------
+def test_leadership_gained_ends_the_dispatchers_back_off_at_once(db, monkeypatch):
+    """A database failover: the dispatcher's rounds fail and it backs off; the leader lock is taken
+    again on the new primary, and the next round runs at once, not when the back-off ends (a
+    minute here, so that only the cut-short wait can pass within the 15 s below)."""
+    import dataclasses
+
+    from arbiter.server.loops import dispatcher as dispatcher_module
+
+    monkeypatch.setattr(dispatcher_module, "RETRY_FIRST_SECS", 60.0)
+    monkeypatch.setattr(dispatcher_module, "RETRY_MAX_SECS", 60.0)
+    with socket.socket() as unused:  # a port nothing listens on: the database away
+        unused.bind(("127.0.0.1", 0))
+        away = f"host=127.0.0.1 port={unused.getsockname()[1]} dbname=x user=x connect_timeout=2"
+    health = DbHealth()
+    health.mark_up()
+    d = Dispatcher(ArbiterSettings(dsn=away), health, is_leader=lambda: True)
+    d.start()
+    try:
+        wait_for(lambda: not health.up, 10, what="the first failed round")
+        d.settings = dataclasses.replace(d.settings, dsn=db.dsn)  # the new primary answers
+        time.sleep(0.5)
+        assert d.rounds == 0, "the dispatcher must still be in its back-off"
+        d.on_leadership_gained()
+        wait_for(lambda: d.rounds > 0, 15, what="a dispatch round right after leadership was gained")
+        assert health.up
+    finally:
+        d.stop()

@@ -1,4 +1,5 @@
-"""Exponential backoff with jitter: 1, 2, 4 ... capped (30 s by default)."""
+"""Exponential backoff with jitter: 1, 2, 4 ... capped (30 s by default), for silence; and the
+wait a server that did answer asked for (Retry-After), for a refusal that says when."""
 
 from __future__ import annotations
 
@@ -19,6 +20,18 @@ class Backoff:
         delay = base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
         if at_least is not None:
             delay = max(delay, at_least)
+        return min(delay, self.maximum * (1 + self.jitter))
+
+    def as_told(self, seconds: float) -> float:
+        """A live server answered "not now, again in ``seconds``" (503 or 429 with Retry-After): that
+        wait, up to ``jitter`` more (a crowd of workers told the same does not come back at once), and
+        the exponential series starts over. The series is for silence (a host or a link down), when
+        nobody says how long; an arbiter that answers says it, and waiting longer than it asks only
+        adds to what an outage costs: through a database failover the arbiter answers 503 with
+        Retry-After 1 and leases again within a second of the new primary (docs/decisions.md).
+        A server asking for less than ``initial`` (0, say) gets ``initial``: no busy loop."""
+        self.attempt = 0
+        delay = max(seconds, self.initial) * self.rng.uniform(1, 1 + self.jitter)
         return min(delay, self.maximum * (1 + self.jitter))
 
     def reset(self) -> None:

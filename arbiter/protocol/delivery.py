@@ -24,6 +24,7 @@ class Delivery(enum.Enum):
 class DeliveryOutcome:
     kind: Delivery
     why: str = ""  # for REJECTED: what the refusal said (kept in rejected/ beside the entry)
+    retry_after: float | None = None  # for RETRY: the wait the arbiter asked for (Retry-After), if it answered
 
     @property
     def done(self) -> bool:

@@ -90,7 +90,8 @@ class ArbiterTransport:
         except Unreachable as exc:
             if stopping.is_set():
                 return None
-            delay = self.backoff.next_delay(at_least=exc.retry_after)
+            # A 503 (the database away, a failover, a stopping leader) says when to come back; silence does not.
+            delay = self.backoff.next_delay() if exc.retry_after is None else self.backoff.as_told(exc.retry_after)
             log.warning("arbiter unreachable; backing off", extra={"delay_secs": round(delay, 2),
                                                                     "error": str(exc)[:200]})
             stopping.wait(delay)
@@ -112,7 +113,7 @@ class ArbiterTransport:
                 told = float(reply.headers.get("retry-after", "1"))
             except ValueError:
                 told = 1.0
-            delay = self.backoff.next_delay(at_least=told)
+            delay = self.backoff.as_told(told)
             log.warning("arbiter: too many parked requests of this worker; waiting",
                         extra={"status": 429, "delay_secs": round(delay, 2)})
             stopping.wait(delay)
@@ -159,7 +160,7 @@ class ArbiterTransport:
         except Unreachable as exc:
             log.warning("result delivery failed; will retry", extra={"submission_id": entry.submission_id,
                                                                       "error": str(exc)[:200]})
-            return DeliveryOutcome(Delivery.RETRY)
+            return DeliveryOutcome(Delivery.RETRY, retry_after=exc.retry_after)
         kind = for_result_status(reply.status)
         if kind is Delivery.REJECTED:
             return DeliveryOutcome(kind, f"HTTP {reply.status} {(reply.body or {}).get('title', '')}")

@@ -21,6 +21,11 @@ log = logging.getLogger("arbiter.app")
 # Routes that answer without the database (probes, metrics, the API description).
 _DB_FREE = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
 
+# While the database is away (a failover takes ~13 s) the answer is 503 at once, costing the arbiter
+# no database work; workers come back when told (worker/backoff.py as_told), so the first of them
+# is here within about this long after the new primary answers.
+DATABASE_RETRY_SECS = 1
+
 
 class DatabaseGate:
     """While the database is known to be down, every DB-backed request gets 503 at once."""
@@ -31,13 +36,14 @@ class DatabaseGate:
     async def process_request(self, req, resp):
         if req.path not in _DB_FREE and not self.runtime.health.up:
             raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable",
-                                                retry_after=2)
+                                                retry_after=DATABASE_RETRY_SECS)
 
 
 def _database_unavailable(runtime):
     async def handle(req, resp, exc, params):
         runtime.health.mark_down(exc)
-        raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable", retry_after=2)
+        raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable",
+                                            retry_after=DATABASE_RETRY_SECS)
 
     return handle
 

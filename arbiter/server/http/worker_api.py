@@ -150,7 +150,10 @@ class Acquire(Resource):
         if self.runtime.dispatcher.stopping:
             raise unavailable("this arbiter is stopping", 1)
         if not self.runtime.leader.is_leader:
-            raise unavailable("this arbiter lost leadership", int(self.settings.leader_retry_secs) or 1)
+            # Its lock session ended under a parked request: the database failed over or was switched
+            # over (this arbiter leads again within a second of the new primary), or another arbiter
+            # took the lock (the worker's next URL, tried at once). Come back in a second either way.
+            raise unavailable("this arbiter lost leadership", 1)
         METRICS.inc("arbiter_acquires_total", outcome="nothing")
         resp.status = falcon.HTTP_204
 

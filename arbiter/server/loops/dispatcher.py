@@ -27,6 +27,10 @@ log = logging.getLogger("arbiter.dispatcher")
 LEGACY_RECHECK_SECS = 5.0
 # How long a leaving request waits for the acquire transaction a round is running for it.
 LEAVE_WAIT_SECS = 5.0
+# After a failed round (the database away) the loop tries again after RETRY_FIRST_SECS, doubling up
+# to RETRY_MAX_SECS; leadership gained cuts the wait short (see _pause).
+RETRY_FIRST_SECS = 0.5
+RETRY_MAX_SECS = 5.0
 
 
 class Dispatcher:
@@ -41,6 +45,7 @@ class Dispatcher:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stop = threading.Event()
+        self._retry_now = threading.Event()  # ends a back-off wait: leadership gained, or stop()
         self._thread = threading.Thread(target=self._run, name="dispatcher", daemon=True)
         self._listen: psycopg.Connection | None = None
         self._work: psycopg.Connection | None = None
@@ -98,6 +103,7 @@ class Dispatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._retry_now.set()
         self.wake()
         self._thread.join(timeout=5)
         self._close()
@@ -115,6 +121,7 @@ class Dispatcher:
         self._legacy_checked_at = None
         self._last_lease = {}  # another leader may have granted meanwhile: read the table again
         self._dirty = True
+        self._retry_now.set()
         self.wake()
 
     # -- the loop ----------------------------------------------------------------
@@ -150,8 +157,16 @@ class Dispatcher:
                 self._dirty = True
                 METRICS.inc("arbiter_notifications_total")
 
+    def _pause(self, secs: float) -> None:
+        """The wait after a failed round, cut short by stop() and by leadership gained: after a
+        database failover the leader lock is taken again on the new primary, and parked workers get
+        their leases now, not at the end of a back-off of up to RETRY_MAX_SECS. (Not the wake pipe:
+        every newly parked request writes to it, and an outage would turn that into a connect loop.)"""
+        self._retry_now.wait(secs)
+        self._retry_now.clear()
+
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = RETRY_FIRST_SECS
         while not self._stop.is_set():
             try:
                 self._connect()
@@ -161,14 +176,14 @@ class Dispatcher:
                 faults.wedge_point()
                 self.round()
                 self._loop_alive()
-                backoff = 0.5
+                backoff = RETRY_FIRST_SECS
             except db.UNAVAILABLE as exc:
                 self.health.mark_down(exc)
                 # The loop itself is fine; a database outage is no reason for systemd to restart us.
                 self._loop_alive()
                 self._close()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._pause(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_SECS)
             except psycopg.errors.UndefinedTable:
                 # The legacy tables went away under us (stage 4 applied): look at the schema again now.
                 log.info("legacy dispatch tables gone; re-reading the schema")
@@ -177,8 +192,8 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("dispatch round failed")
                 self._close()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._pause(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_SECS)
 
     def _loop_alive(self) -> None:
         if self.notifier.enabled:
