@@ -10,8 +10,9 @@ Inputs are facts, never the system's own opinion of itself:
 The properties (docs/design.md sections 1, 3, 5, 6 and the issue's list):
   lost / not terminal, wrong verdict, verdict by a token that was not current, a generation decided
   twice, two live leases at once, lease_gen going backwards, AC/XP credited twice, a reclaim (and so
-  any system_error) for which no fault on the holder's side accounts (arbiter downtime alone), a
-  lease lost to a fault of the holder's disk other than by its own hand-back.
+  any system_error) for which no fault on the holder's side accounts (arbiter downtime alone, or a
+  jump of any process's wall clock: ``clock_jump`` is in neither set below), a lease lost to a fault
+  of the holder's disk other than by its own hand-back.
 """
 
 from __future__ import annotations

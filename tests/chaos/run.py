@@ -6,7 +6,9 @@ the way until its lease is reclaimed and the same worker holds a new lease of th
 seed's scenario 5, made to happen); the network nemesis drops
 replies and delays requests in per-worker HTTP proxies; the disk nemesis (as root: each worker's
 outbox is a small tmpfs of its own) fills a worker's outbox disk or makes it read-only for a while,
-and the worker must hand back what it cannot keep. Disk faults come on top of the run's fault count. Meanwhile a client submits programs whose
+and the worker must hand back what it cannot keep; the clock nemesis jumps one arbiter's or worker's
+wall clock an hour forward or back for a few seconds (clock.py: libfaketime), which must cost no
+lease. Every nemesis's faults count towards the run's total. Meanwhile a client submits programs whose
 verdict it knows and rejudges some finished ones, and a sampler records lease_gen. At the end every
 fault is healed, the run waits until nothing is pending or judging, and ``checker.check`` reports.
 
@@ -36,6 +38,7 @@ sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
 from checker import ORPHANED_POLL_SECS, Fault, check  # noqa: E402
+from clock import REREAD_SECS, Clocks  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 from support.procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
 from support.programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
@@ -78,12 +81,15 @@ class Lab:
             creds = {w: add_worker(conn, w, kind) for w, kind in WORKER_IDS.items()}
         testdata = root / "testdata"
         write_testdata(testdata, self.problem, APLUSB_TESTS)
-        self.arbiters = {name: ArbiterProcess(self.dsn, root, name=name, **ARBITER) for name in ("a1", "a2")}
+        # Every arbiter and worker keeps its wall clock in a file of its own, for the clock nemesis.
+        self.clocks = Clocks(root)
+        self.arbiters = {name: ArbiterProcess(self.dsn, root, name=name, env=self.clocks.env(name), **ARBITER)
+                         for name in ("a1", "a2")}
         self.proxies = {(w, a): FaultProxy(arb.port, f"{w}->{a}") for w in WORKER_IDS
                         for a, arb in self.arbiters.items()}
         self.workers = {w: WorkerProcess(root, w, kind, "arbiter", testdata, credential=creds[w],
                                          arbiter_urls=[self.proxies[(w, "a1")].url, self.proxies[(w, "a2")].url],
-                                         **WORKER)
+                                         env=self.clocks.env(w), **WORKER)
                         for w, kind in WORKER_IDS.items()}
         self.db_gate = threading.Lock()  # the client does not submit while the nemesis has the DB down
         self.paused: set[str] = set()
@@ -112,6 +118,8 @@ class Lab:
     def heal(self) -> None:
         for name in list(self.paused):
             self.cont(name)
+        for name in [*self.workers, *self.arbiters]:
+            self.clocks.set(name, 0)
         if not self.arbiter_up("a1"):
             self.arbiters["a1"].start(wait_ready=False)
         for worker in self.workers.values():
@@ -180,7 +188,6 @@ class Run:
         self.target_submissions = submissions
         self.log = log
         self.t0 = time.time()  # the faults' times are printed from here
-        self.counted = 0  # faults that count towards target_faults
         self.faults: list[Fault] = []
         self.faults_lock = threading.Lock()
         self.submitted: dict[int, str] = {}
@@ -190,13 +197,12 @@ class Run:
         self.errors: list[str] = []
 
     # -- bookkeeping -------------------------------------------------------------------
-    def record(self, kind: str, target: str, started: float, detail: str = "", counted: bool = True) -> None:
+    def record(self, kind: str, target: str, started: float, detail: str = "") -> None:
         fault = Fault(kind, target, started, time.time(), detail)
         with self.faults_lock:
             self.faults.append(fault)
             count = len(self.faults)
-            self.counted += counted
-            if self.counted >= self.target_faults:
+            if count >= self.target_faults:
                 self.done.set()
         # Every fault as it is injected, with its time: a failing run's schedule can be read back.
         self.log(f"fault {count}: +{started - self.t0:.2f}s {kind} {target}" + (f" ({detail})" if detail else ""))
@@ -367,8 +373,7 @@ class Run:
         return False
 
     def disk_nemesis(self) -> None:
-        """Now and then one worker's outbox disk is full or read-only for a few seconds. Its faults do
-        not count towards the run's total (the other nemeses' schedule stays what the seed makes it)."""
+        """Now and then one worker's outbox disk is full or read-only for a few seconds."""
         rng = random.Random(f"{self.seed}-disk")
         lab = self.lab
         if not lab.disks:
@@ -386,7 +391,29 @@ class Run:
                 lab.remount_disk(name, "ro")
                 time.sleep(secs)
                 lab.remount_disk(name, "rw")
-            self.record(kind, name, started, f"{secs:.1f}s", counted=False)
+            self.record(kind, name, started, f"{secs:.1f}s")
+
+    def clock_nemesis(self) -> None:
+        """Now and then one arbiter's or worker's wall clock jumps an hour forward or back, and a few
+        seconds later back to the true time (a second jump). Only the database's now() decides a
+        lease, so the checker takes a clock jump as no excuse for a reclaim."""
+        rng = random.Random(f"{self.seed}-clock")
+        lab = self.lab
+        while not self.done.wait(rng.uniform(2.0, 6.0)):
+            # Half of the jumps hit an arbiter (where the janitor decides which leases ran out), mostly a1,
+            # the one that is always up and so most often the leader.
+            if rng.random() < 0.5:
+                name = rng.choice(["a1", "a1", "a2"])
+            else:
+                name = rng.choice(sorted(lab.workers))
+            offset = rng.choice([3600, -3600])
+            secs = rng.uniform(2.0, 6.0)
+            started = time.time()
+            lab.clocks.set(name, offset)
+            time.sleep(secs)
+            lab.clocks.set(name, 0)
+            time.sleep(REREAD_SECS)  # the process reads its clock file again within this long
+            self.record("clock_jump", name, started, f"{offset:+d}s for {secs:.1f}s")
 
     def network_nemesis(self) -> None:
         rng = random.Random(f"{self.seed}-network")
@@ -449,7 +476,8 @@ class Run:
         threads = [self.guarded(n, f) for n, f in (("client", self.client), ("sampler", self.sampler),
                                                     ("process-nemesis", self.process_nemesis),
                                                     ("network-nemesis", self.network_nemesis),
-                                                    ("disk-nemesis", self.disk_nemesis))]
+                                                    ("disk-nemesis", self.disk_nemesis),
+                                                    ("clock-nemesis", self.clock_nemesis))]
         self.done.wait()
         for thread in threads:
             thread.join(timeout=30)

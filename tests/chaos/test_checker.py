@@ -1,7 +1,7 @@
 """The chaos checker's own logic, on made-up histories: it must flag a live old lease and must not
 flag the outbox's repeat of a verdict that was written while its lease was current, it must judge
-a request held on the way by when it reached the server, and it must let a fault of a worker's disk
-cost a lease only as that worker's own hand-back."""
+a request held on the way by when it reached the server, it must let a fault of a worker's disk
+cost a lease only as that worker's own hand-back, and a clock jump cost none."""
 
 from checker import Fault, Report, live_lease_violations, lost_lease_violations
 from support.faultproxy import Exchange
@@ -81,3 +81,12 @@ def test_a_lease_that_expired_during_a_full_disk_is_a_violation():
 
 def test_a_worker_side_fault_still_accounts_for_a_lost_lease():
     assert lost([Fault("kill_worker", "home-1", 12.0, 12.5)], []) == ([], 0)
+
+
+def test_a_lease_lost_while_the_holders_clock_jumped_is_a_violation():
+    # Only the database's clock may decide a lease: an hour's jump of the holder's (or the arbiter's)
+    # wall clock accounts for nothing.
+    jumps = [Fault("clock_jump", "home-1", 12.0, 18.0, "+3600s for 5.0s"),
+             Fault("clock_jump", "a1", 20.0, 25.0, "-3600s for 4.0s")]
+    assert lost(jumps, []) == (["unaccounted reclaim: submission 40 gen 1 held by home-1 from 10.000 was reclaimed "
+                                "with no fault on home-1's side"], 0)
