@@ -101,7 +101,7 @@ def check_arbiter_node(arbiter, stage: int) -> bool | None:
     assert key.mode == 0o600 and key.user == "judge-arbiter"
     # Ready and leading (200), or standing by (503: the database answers, another arbiter leads).
     ready = readiness(arbiter)
-    assert ready in (["200 leader db_up", "no plaintext"], ["503 standby db_up", "no plaintext"]), ready
+    assert ready in ([LEADING, "no plaintext"], [STANDING_BY, "no plaintext"]), ready
     # The lab sets an operator token: /metrics answers only to it, even on loopback. The check reads
     # the token on the host itself, so it never crosses a command line.
     token = arbiter.file("/etc/judge-arbiter/operator-token")
@@ -119,7 +119,13 @@ def check_arbiter_node(arbiter, stage: int) -> bool | None:
         "    except urllib.error.HTTPError as e:\n"
         "        print(e.code)\n"))
     assert metrics.stdout.split() == ["401", "200"], metrics.stdout + metrics.stderr
-    return ready[0] == "200 leader db_up"
+    return ready[0] == LEADING
+
+
+# The first line of readiness() for an arbiter that leads, and for one that stands by (the database
+# answers it, another arbiter holds the lock).
+LEADING = "200 leader db_up"
+STANDING_BY = "503 standby db_up"
 
 
 def readiness(arbiter) -> list[str]:
@@ -148,19 +154,15 @@ def readiness(arbiter) -> list[str]:
 
 def leader_among(nodes: dict) -> str | None:
     """The one arbiter whose /readyz says it leads with the database up, or None (none, or several)."""
-    leading = [name for name in ARBITERS if readiness(nodes[name])[0] == "200 leader db_up"]
+    leading = [name for name in ARBITERS if readiness(nodes[name])[0] == LEADING]
     return leading[0] if len(leading) == 1 else None
 
 
 def check_arbiters(nodes: dict, stage: int) -> str | None:
     """Every arbiter host passes its checks and, from stage 2 on, exactly one leads; returns it."""
-    return _one_leader({name: check_arbiter_node(nodes[name], stage) for name in ARBITERS}, stage)
-
-
-def _one_leader(leads: dict, stage: int) -> str | None:
+    leaders = [name for name in ARBITERS if check_arbiter_node(nodes[name], stage)]
     if stage < 2:
         return None
-    leaders = [name for name, leader in leads.items() if leader]
     assert len(leaders) == 1, f"arbiters leading: {leaders} (exactly one must)"
     return leaders[0]
 

@@ -501,7 +501,7 @@ def arbiter_takeovers(lab: Lab, flow: Flow) -> None:
     wait_for(lambda: first_grant_after(lab, since) is not None, 60, POLL_SECS, what="a lease after the kill")
     took_over = first_grant_after(lab, since)
     print(f"arbiter takeover after kill -9 of {leader}: first lease {took_over:.1f} s after the kill")
-    wait_for(lambda: node_checks.readiness(nodes[leader])[0] == "503 standby db_up", 60, POLL_SECS,
+    wait_for(lambda: node_checks.readiness(nodes[leader])[0] == node_checks.STANDING_BY, 60, POLL_SECS,
              what=f"{leader} back as the standby")
     settled(lab, flow)
     assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
@@ -518,7 +518,7 @@ def arbiter_takeovers(lab: Lab, flow: Flow) -> None:
         print(f"arbiter takeover after {leader} was cut from the database: first lease {took_over:.1f} s after the cut")
     finally:
         cut_from_database(leader, False)
-    wait_for(lambda: node_checks.readiness(nodes[leader])[0] == "503 standby db_up", 60, POLL_SECS,
+    wait_for(lambda: node_checks.readiness(nodes[leader])[0] == node_checks.STANDING_BY, 60, POLL_SECS,
              what=f"{leader} back as the standby once the cut is lifted")
     settled(lab, flow)
     assert not leased_twice_since(lab, since), leased_twice_since(lab, since)
@@ -606,7 +606,7 @@ def test_the_documented_procedure_passes_on_an_idle_lab(lab):
         assert conn.execute("SELECT DISTINCT status FROM submissions").fetchall() == [("AC",)]
         assert conn.execute("SELECT count(*) FROM first_passes").fetchone() == (0,)
         assert conn.execute("SELECT coalesce(sum(xp), 0) FROM users").fetchone() == (0,)
-    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], 0)
+    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], 0, lab.db_ha)
 
 
 # The three tests below are one cutover, in order, on one lab and under one flow of submissions:
@@ -614,11 +614,14 @@ def test_the_documented_procedure_passes_on_an_idle_lab(lab):
 
 
 def test_the_legacy_site_then_stage_1(lab, flow):
-    # The legacy site as it runs today: every worker on its DB account, no arbiter.
-    lab.play("site.yml", "-e", "judge_cutover_stage=0")
-    lab.stage = 0
+    # The legacy site as it runs today: every worker on its DB account, no arbiter. The first test's
+    # rollback left the lab there and checked every node; run on its own (or after a first test
+    # that stopped half-way) the lab is converged to it and checked here.
+    if lab.stage != 0:
+        lab.play("site.yml", "-e", "judge_cutover_stage=0")
+        lab.stage = 0
+        node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], 0, lab.db_ha)
     settled(lab, flow)
-    node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], 0)
     forward(lab, flow, 1)
 
 
