@@ -8,7 +8,7 @@ Inputs are facts, never the system's own opinion of itself:
 - the nemesis log: which fault hit which part, from when to when.
 
 The properties (docs/design.md sections 1, 3, 5, 6 and the issue's list):
-  lost / not terminal, wrong verdict, verdict by a token that was not current, a generation decided
+  lost / not terminal, a result acknowledged (200) that the final database does not have, wrong verdict, verdict by a token that was not current, a generation decided
   twice, two live leases at once, lease_gen going backwards, AC/XP credited twice, a reclaim (and so
   any system_error) for which no fault on the holder's side accounts (arbiter downtime alone, or a
   jump of any process's wall clock: ``clock_jump`` is in neither set below), a lease lost to a fault
@@ -120,6 +120,7 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
         highest[sid] = max(highest.get(sid, 0), gen)
 
     honoured = live_lease_violations(report, history, grants, token_gen, judgings)
+    acknowledged_results_lost(report, history, judgings)
 
     # AC and XP exactly once per (user, problem).
     passes = conn.execute("SELECT user_id, problem_id, count(*) FROM first_passes GROUP BY 1, 2").fetchall()
@@ -176,6 +177,19 @@ def live_lease_violations(report: Report, history, grants, token_gen, judgings) 
                 report.add("two live leases", f"submission {sid}: gen {gen} honoured on {exchange.path} after gen "
                                               f"{newer_gen} went to {worker}")
     return honoured
+
+
+def acknowledged_results_lost(report: Report, history, judgings) -> None:
+    """A result the arbiter answered 200 for is in the final database's judging history (its
+    token's verdict, written by the worker). A database failover may cost time, never that: the
+    primary acknowledges a commit only once the synchronous standby has it (RPO 0)."""
+    kept = {token for entries in judgings.values() for _, _, _, token, decided_by, _ in entries
+            if decided_by == "worker"}
+    for exchange in history:
+        if (exchange.path.endswith("/result") and exchange.status == 200 and exchange.body
+                and exchange.body.get("lease_token") not in kept):
+            report.add("acknowledged result lost", f"{exchange.path} by {exchange.worker_id} was answered 200 "
+                                                   f"at {exchange.replied_at:.3f}; the database has no verdict of that lease")
 
 
 def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[Fault], history,

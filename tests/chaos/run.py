@@ -1,7 +1,10 @@
 """A seeded, bounded chaos run: real arbiters, real workers, a real PostgreSQL, and a nemesis.
 
-Three nemesis threads share one seed. The process nemesis kills (-9) and pauses (SIGSTOP) workers and
-arbiters, restarts the database, brings a second arbiter up and down, and holds a worker's result on
+The database is the replicated one production runs (arbiter/lab/hacluster.py: Patroni, three etcd
+members, two hosts, synchronous replication). Four nemesis threads share one seed. The process
+nemesis kills (-9) and pauses (SIGSTOP) workers and arbiters, crashes the primary's PostgreSQL
+(Patroni restarts it) or its whole host (Patroni fails over to the standby; the old host rejoins as
+the standby), brings a second arbiter up and down, and holds a worker's result on
 the way until its lease is reclaimed and the same worker holds a new lease of that submission (the
 seed's scenario 5, made to happen); the network nemesis drops
 replies and delays requests in per-worker HTTP proxies; the disk nemesis (as root: each worker's
@@ -43,7 +46,8 @@ from support.faultproxy import FaultProxy  # noqa: E402
 from support.procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
 from support.programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
 
-from arbiter.lab import devcluster  # noqa: E402
+from arbiter.lab.devcluster import kill_postmaster  # noqa: E402
+from arbiter.lab.hacluster import HaCluster  # noqa: E402
 from arbiter.store import leases, migrations
 
 LEASE_SECS = 4.0
@@ -68,8 +72,10 @@ USERS = 6
 class Lab:
     def __init__(self, root: Path):
         self.root = root
-        self.cluster = devcluster.LocalCluster(fast=False).init().start()
-        with psycopg.connect(self.cluster.dsn(), autocommit=True) as admin:
+        # The site's database as production runs it: two hosts under Patroni, synchronous
+        # replication; everyone reaches the primary through one multi-host DSN.
+        self.cluster = HaCluster().start()
+        with self.cluster.connect() as admin:
             admin.execute("CREATE DATABASE judge")
         self.dsn = self.cluster.dsn("judge")
         with self.connect() as conn:
@@ -120,6 +126,7 @@ class Lab:
             self.cont(name)
         for name in [*self.workers, *self.arbiters]:
             self.clocks.set(name, 0)
+        self.cluster.heal()
         if not self.arbiter_up("a1"):
             self.arbiters["a1"].start(wait_ready=False)
         for worker in self.workers.values():
@@ -260,9 +267,12 @@ class Run:
         rng = random.Random(f"{self.seed}-process")
         lab = self.lab
         actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
-                  ["restart_db"] * 2 + ["second_arbiter"] * 2 + ["stale_result"] * 2 + ["stale_heartbeat"] * 2
+                  ["restart_db", "failover"] + ["second_arbiter"] * 2 + ["stale_result"] * 2 + ["stale_heartbeat"] * 2
+        # Each run's first process fault, a few seconds in, is a failover: a short run has one too.
+        first = ["failover"]
+        self.done.wait(3.0)
         while not self.done.is_set():
-            action = rng.choice(actions)
+            action = first.pop() if first else rng.choice(actions)
             started = time.time()
             if action == "kill_worker":
                 name = rng.choice(sorted(lab.workers))
@@ -294,12 +304,9 @@ class Run:
                 lab.cont(name)
                 self.record(action, name, started, f"{secs:.1f}s")
             elif action == "restart_db":
-                crash = rng.random() < 0.5
-                with lab.db_gate:
-                    lab.cluster.kill9() if crash else lab.cluster.stop("immediate")
-                    time.sleep(rng.uniform(0, 2.0))
-                    lab.cluster.start()
-                self.record(action, "db", started, "kill -9" if crash else "stop -m immediate")
+                self.restart_db(started)
+            elif action == "failover":
+                self.failover(started)
             elif action in ("stale_result", "stale_heartbeat"):
                 self.stale_request(rng, started, action)
             elif action == "second_arbiter":
@@ -310,6 +317,31 @@ class Run:
                     lab.arbiters["a2"].start(wait_ready=False)
                     self.record(action, "a2", started, "up")
             self.done.wait(rng.uniform(0.1, 0.8))
+
+    def restart_db(self, started: float) -> None:
+        """The primary's PostgreSQL crashes (its postmaster and backends -9); Patroni, still holding
+        the leader key, starts it again on the same host."""
+        cluster = self.lab.cluster
+        primary = cluster.wait_for(cluster.primary, 60, "a primary")
+        with self.lab.db_gate:
+            kill_postmaster(primary.postmaster_pid())
+            cluster.wait_for(cluster.primary, 60, "the primary back")
+        self.record("restart_db", primary.name, started, "postmaster -9, Patroni restarted it")
+
+    def failover(self, started: float) -> None:
+        """The primary's host dies (Patroni, PostgreSQL, -9) and Patroni promotes the synchronous
+        standby; the old host is started again and rejoins as the standby (pg_rewind), so that the
+        next failover, which first waits for the pair to replicate again, has a standby to promote."""
+        cluster = self.lab.cluster
+        cluster.wait_replicated(90)
+        old = cluster.primary()
+        with self.lab.db_gate:
+            killed_at = time.monotonic()
+            cluster.kill_host(old)
+            new = cluster.wait_for(lambda: (p := cluster.primary()) is not old and p, 90, "the standby promoted")
+            promoted_secs = time.monotonic() - killed_at
+        cluster.start_node(old)
+        self.record("failover", old.name, started, f"{new.name} promoted after {promoted_secs:.1f}s")
 
     def stale_request(self, rng: random.Random, started: float, kind: str) -> None:
         """The seed's scenario 5 on purpose: a worker's result (stale_result) or heartbeat

@@ -24,5 +24,6 @@ def test_chaos_run_has_no_violations(tmp_path):
     assert report.figures["faults"] >= FAULTS
     assert len(report.figures["faults_by_kind"]) >= 6, "every kind of fault should have been drawn"
     assert report.figures["faults_by_kind"].get("clock_jump", 0) >= 3, "the clock nemesis must have struck"
+    assert report.figures["faults_by_kind"].get("failover", 0) >= 1, "each run begins with a database failover"
     assert report.figures["reclaims"] > 0, "a run where no lease was ever lost tested little"
     assert report.violations == []

@@ -3,7 +3,7 @@ flag the outbox's repeat of a verdict that was written while its lease was curre
 a request held on the way by when it reached the server, it must let a fault of a worker's disk
 cost a lease only as that worker's own hand-back, and a clock jump cost none."""
 
-from checker import Fault, Report, live_lease_violations, lost_lease_violations
+from checker import Fault, Report, acknowledged_results_lost, live_lease_violations, lost_lease_violations
 from support.faultproxy import Exchange
 
 TOKEN_1, TOKEN_3 = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000003"
@@ -90,3 +90,17 @@ def test_a_lease_lost_while_the_holders_clock_jumped_is_a_violation():
              Fault("clock_jump", "a1", 20.0, 25.0, "-3600s for 4.0s")]
     assert lost(jumps, []) == (["unaccounted reclaim: submission 40 gen 1 held by home-1 from 10.000 was reclaimed "
                                 "with no fault on home-1's side"], 0)
+
+
+def test_a_result_answered_200_that_the_database_lost_is_a_violation():
+    # A failover onto a standby that did not have the commit: the worker cleared its outbox entry,
+    # the database has no verdict of that lease.
+    answered = Exchange(worker_id="home-1", method="POST", path="/v1/leases/36/result",
+                        body={"lease_token": TOKEN_1, "verdict": "AC"}, sent_at=14.0, status=200, replied_at=14.1)
+    report = Report()
+    acknowledged_results_lost(report, [answered], {})
+    assert report.violations == ["acknowledged result lost: /v1/leases/36/result by home-1 was answered 200 at "
+                                 "14.100; the database has no verdict of that lease"]
+    kept = Report()
+    acknowledged_results_lost(kept, [answered], {36: [(1, "AC", 1, TOKEN_1, "worker", 14.05)]})
+    assert kept.violations == []
