@@ -63,7 +63,7 @@ def test_lab_chaos_kills_programs_and_loses_nothing(lab_dir):
 
 def test_lab_ha_fails_the_database_over_and_the_arbiter_and_loses_nothing(lab_dir):
     """``bash .ci/lab --ha``: PostgreSQL on two hosts under Patroni (three etcd members), two arbiters;
-    a third of the way the database primary dies (-9, the whole host), then the leading arbiter; each
+    a third of the way the leading arbiter dies, then the database primary (-9, the whole host); each
     fault is followed by a lease, the killed database host streams again, and every submission gets
     its verdict once. Removed by hand once: with the arbiters' DSN naming the first host only (no
     multi-host DSN) no lease followed the failover and the lab timed out."""

@@ -83,9 +83,9 @@ class JudgectlError(RuntimeError):
 class HaPhase(enum.Enum):
     """--ha: what the run does to the site next. Each fault is timed to the first lease granted after
     it; the old primary rejoins meanwhile, and the run ends only once it streams again."""
-    BEFORE = "before the database failover"
-    DB_KILLED = "database primary killed, waiting for a lease"
+    BEFORE = "before the arbiter takeover"
     ARBITER_KILLED = "leading arbiter killed, waiting for a lease"
+    DB_KILLED = "database primary killed, waiting for a lease"
     REJOINING = "old primary rejoining as a standby"
     DONE = "both faults over, every database host streaming"
 
@@ -240,43 +240,46 @@ class Lab:
         return None
 
     def ha_step(self, conn, done: int, total: int, elapsed: float) -> None:
-        """--ha: a third of the way, kill the database primary; once a lease follows, start its host
-        again (it rejoins as a standby) and kill the leading arbiter (supervisord starts it again, as
-        a standby); once a lease follows that too, wait for every database host to stream."""
+        """--ha: a third of the way, kill the leading arbiter (supervisord starts it again, as a
+        standby); once a lease follows, kill the database primary; once a lease follows that too,
+        start its host again (it rejoins as a standby) and wait for every database host to stream.
+        The arbiter goes first while two thirds of the work are queued: each fault is timed to the
+        first lease after it, which needs work waiting (after a failover of about 10 s the workers
+        drain what is left in seconds, and a takeover timed then would wait for the next rejudge)."""
         phase = self.ha_phase
         if phase is HaPhase.BEFORE and done >= total // 3:
-            primary = self.cluster.primary()
-            if primary is None:
-                return
-            self.cluster.kill_host(primary)
-            # Timed from the kill's end: a lease whose transaction began before it may still come through
-            # (its commit was on the standby already), and is no lease of the new primary's.
-            self._struck, self._struck_at = primary.name, time.time()
-            self.ha_phase = HaPhase.DB_KILLED
-            print(f"\n[{elapsed:5.1f}s] database primary {primary.name} killed -9 (the whole host)")
-        elif phase in (HaPhase.DB_KILLED, HaPhase.ARBITER_KILLED):
+            leader = self.leading_arbiter()
+            pid = self._supervisorctl("pid", leader).stdout.strip() if leader else ""
+            if not pid.isdigit() or int(pid) == 0:
+                raise RuntimeError(f"no leading arbiter to kill (readyz: {leader}, pid {pid!r})")
+            os.killpg(int(pid), signal.SIGKILL)
+            self._struck, self._struck_at = leader, time.time()
+            self.ha_phase = HaPhase.ARBITER_KILLED
+            print(f"\n[{elapsed:5.1f}s] the leading arbiter {leader} killed -9")
+        elif phase in (HaPhase.ARBITER_KILLED, HaPhase.DB_KILLED):
             first = conn.execute(LAB.first_grant_after, {"at": self._struck_at}).fetchone()[0]
             if first is None:
                 return
-            if phase is HaPhase.DB_KILLED:
+            if phase is HaPhase.ARBITER_KILLED:
+                self.ha_report.append(f"arbiter takeover: {self._struck} (the leader) killed -9; first lease "
+                                      f"{first - self._struck_at:.1f} s after, {self.leading_arbiter()} leading")
+                print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}")
+                primary = self.cluster.primary()
+                if primary is None:
+                    return
+                self.cluster.kill_host(primary)
+                # Timed from the kill's end: a lease whose transaction began before it may still come through
+                # (its commit was on the standby already), and is no lease of the new primary's.
+                self._struck, self._struck_at = primary.name, time.time()
+                self.ha_phase = HaPhase.DB_KILLED
+                print(f"[{elapsed:5.1f}s] database primary {primary.name} killed -9 (the whole host)")
+            else:
                 primary = self.cluster.primary()
                 self.ha_report.append(f"database failover: primary {self._struck} killed -9; first lease on the new "
                                       f"primary ({primary.name if primary else '?'}) {first - self._struck_at:.1f} s after")
                 print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}; {self._struck} starts again")
                 self.cluster.start_node(self.cluster.node(self._struck))
-                leader = self.leading_arbiter()
-                pid = self._supervisorctl("pid", leader).stdout.strip() if leader else ""
-                if not pid.isdigit() or int(pid) == 0:
-                    raise RuntimeError(f"no leading arbiter to kill (readyz: {leader}, pid {pid!r})")
-                os.killpg(int(pid), signal.SIGKILL)
-                self._struck, self._struck_at = leader, time.time()
-                self.ha_phase = HaPhase.ARBITER_KILLED
-                print(f"[{elapsed:5.1f}s] the leading arbiter {leader} killed -9")
-            else:
-                self.ha_report.append(f"arbiter takeover: {self._struck} (the leader) killed -9; first lease "
-                                      f"{first - self._struck_at:.1f} s after, {self.leading_arbiter()} leading")
                 self.ha_phase = HaPhase.REJOINING
-                print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}")
         elif phase is HaPhase.REJOINING and self.cluster.replicated():
             members = ", ".join(f"{m['name']} {m['role']}" for m in self.cluster.members())
             self.ha_report.append(f"database hosts: {members}; the killed one streams again, as the synchronous standby")
