@@ -196,7 +196,8 @@ def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[F
                           token_gen) -> tuple[int, int]:
     """Reclaims: a generation superseded (or ended in system_error) without a verdict of its own lost
     its lease. Only a fault on the holder's side may account for that; arbiter or DB downtime may not,
-    and a fault of the holder's disk only if the holder handed the lease back itself. Returns how many
+    and a fault of the holder's disk only if the holder handed the lease back itself (or sent the
+    hand-back and the arbiter could not take it). Returns how many
     leases were lost, and how many of them were handed back for a disk fault."""
     reclaims = handed_back_for_disk = 0
     worker_faults = defaultdict(list)
@@ -206,9 +207,11 @@ def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[F
             worker_faults[fault.target].append(fault)
         elif fault.kind in LOCAL_DISK:
             disk_faults[fault.target].append(fault)
-    handed_back = {token_gen[e.body["lease_token"]] for e in history
-                   if e.path.endswith("/release") and e.status == 200 and e.body
-                   and e.body.get("lease_token") in token_gen}
+    releases = [e for e in history if e.path.endswith("/release") and e.body and e.body.get("lease_token") in token_gen]
+    handed_back = {token_gen[e.body["lease_token"]] for e in releases if e.status == 200}
+    # A hand-back the worker sent that the arbiter could not take (503: its database away at that
+    # moment): the worker did all it could; the lease runs out by itself, as docs/protocol.md says.
+    tried = {token_gen[e.body["lease_token"]] for e in releases}
     for sid, entries in grants.items():
         decided_gens = {e[2] for e in judgings[sid] if e[4] == "worker"}
         status, current_gen = rows.get(sid, (None, None))
@@ -230,6 +233,8 @@ def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[F
                     if (sid, gen) in handed_back:
                         handed_back_for_disk += 1  # its disk failed it and it said so: the lease went back at once
                         continue
+                    if (sid, gen) in tried:
+                        continue  # it said so, and the arbiter could not take the lease back then
                     report.add("lease lost to a disk fault", f"submission {sid} gen {gen} held by {worker} from "
                                                              f"{granted_at:.3f} was lost while {worker}'s disk failed, "
                                                              "without its hand-back")

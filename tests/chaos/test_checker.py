@@ -71,6 +71,14 @@ def test_a_lease_handed_back_for_a_full_disk_is_accounted_for():
     assert lost([FULL_DISK], [release]) == ([], 1)
 
 
+def test_a_hand_back_the_arbiter_could_not_take_is_accounted_for():
+    # The worker's disk filled while the database failed over: its release got 503 and the lease ran
+    # out by itself. The worker did what it could (seen in chaos run 7 of 2026-12-07).
+    refused = Exchange(worker_id="home-1", method="POST", path="/v1/leases/40/release",
+                       body={"lease_token": TOKEN_1, "reason": "outbox: [Errno 28]"}, sent_at=14.0, status=503)
+    assert lost([FULL_DISK], [refused]) == ([], 0)
+
+
 def test_a_lease_that_expired_during_a_full_disk_is_a_violation():
     # No hand-back: the worker let the lease run out although it knew it could not keep the result.
     violations, handed_back = lost([FULL_DISK], [])
