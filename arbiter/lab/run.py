@@ -261,12 +261,12 @@ class Lab:
             if first is None:
                 return
             if phase is HaPhase.ARBITER_KILLED:
-                self.ha_report.append(f"arbiter takeover: {self._struck} (the leader) killed -9; first lease "
-                                      f"{first - self._struck_at:.1f} s after, {self.leading_arbiter()} leading")
-                print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}")
                 primary = self.cluster.primary()
                 if primary is None:
                     return
+                self.ha_report.append(f"arbiter takeover: {self._struck} (the leader) killed -9; first lease "
+                                      f"{first - self._struck_at:.1f} s after, {self.leading_arbiter()} leading")
+                print(f"\n[{elapsed:5.1f}s] {self.ha_report[-1]}")
                 self.cluster.kill_host(primary)
                 # Timed from the kill's end: a lease whose transaction began before it may still come through
                 # (its commit was on the standby already), and is no lease of the new primary's.

@@ -7,7 +7,8 @@ nemesis kills (-9) and pauses (SIGSTOP) workers and arbiters, crashes the primar
 the standby), brings a second arbiter up and down, and holds a worker's result on
 the way until its lease is reclaimed and the same worker holds a new lease of that submission (the
 seed's scenario 5, made to happen); the network nemesis drops
-replies and delays requests in per-worker HTTP proxies; the disk nemesis (as root: each worker's
+replies, delays requests and sends requests twice (the copy seconds later) in per-worker HTTP
+proxies; the disk nemesis (as root: each worker's
 outbox is a small tmpfs of its own) fills a worker's outbox disk or makes it read-only for a while,
 and the worker must hand back what it cannot keep; the clock nemesis jumps one arbiter's or worker's
 wall clock an hour forward or back for a few seconds (clock.py: libfaketime), which must cost no
@@ -453,11 +454,13 @@ class Run:
         while not self.done.is_set():
             worker = rng.choice(sorted(lab.workers))
             marker = rng.choice(["/v1/acquire", "/heartbeat", "/result"])
-            kind = rng.choice(["drop_reply", "delay_request"])
+            kind = rng.choice(["drop_reply", "delay_request", "duplicate_request"])
             secs = rng.uniform(0.3, 6.0)
             started = time.time()
             proxies = [lab.proxies[(worker, a)] for a in sorted(lab.arbiters)]
-            armed = [p.drop_next(marker) if kind == "drop_reply" else p.delay_next(marker, secs) for p in proxies]
+            arm = {"drop_reply": lambda p: p.drop_next(marker), "delay_request": lambda p: p.delay_next(marker, secs),
+                   "duplicate_request": lambda p: p.duplicate_next(marker, secs)}[kind]
+            armed = [arm(p) for p in proxies]
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
                 time.sleep(0.02)
@@ -467,7 +470,7 @@ class Run:
                 # a request blocked on a dead upstream may hold it longer, so wait with a bound.
                 for one in hit:
                     one.fired.wait(secs + 30)
-                self.record(kind, worker, started, marker + (f" {secs:.1f}s" if kind == "delay_request" else ""))
+                self.record(kind, worker, started, marker + (f" {secs:.1f}s" if kind != "drop_reply" else ""))
             self.done.wait(rng.uniform(0.1, 0.8))
 
     # -- the run ---------------------------------------------------------------------
@@ -501,7 +504,7 @@ class Run:
                 out.write(json.dumps({"worker": e.worker_id, "path": e.path, "sent_at": e.sent_at,
                                       "forwarded_at": e.forwarded_at,
                                       "status": e.status, "replied_at": e.replied_at, "dropped": e.dropped,
-                                      "delayed_secs": e.delayed_secs, "body": body}) + "\n")
+                                      "delayed_secs": e.delayed_secs, "duplicate": e.duplicate, "body": body}) + "\n")
 
     def execute(self, settle_timeout: float = 240):
         started = time.monotonic()

@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 proxy for fault tests: drops chosen replies, delays chosen requests, records history.
+"""A small HTTP/1.1 proxy for fault tests: drops chosen replies, delays, holds or duplicates chosen
+requests, records history.
 
 It frames messages by Content-Length (all the arbiter's API uses), so it knows which reply belongs to
 which request on a kept-alive connection. Faults are armed by a marker: the next request whose path
@@ -28,12 +29,13 @@ class Exchange:
     reply: dict | None = None
     dropped: bool = False
     delayed_secs: float = 0.0
+    duplicate: bool = False  # a second copy of a request the client sent once (duplicate_next)
 
 
 @dataclass
 class _Armed:
     marker: str
-    kind: str  # "drop", "delay" or "hold"
+    kind: str  # "drop", "delay", "hold" or "duplicate"
     secs: float = 0.0  # delay: how long; hold: at most how long
     taken: threading.Event = field(default_factory=threading.Event)  # a request matched: the fault is on
     fired: threading.Event = field(default_factory=threading.Event)  # the fault is over (reply dropped, request let go)
@@ -119,6 +121,12 @@ class FaultProxy:
         its client has given up on it: a request stuck in the network that arrives late."""
         return self._arm(_Armed(marker, "hold", secs))
 
+    def duplicate_next(self, marker: str, secs: float) -> _Armed:
+        """Forward the next matching request and relay its reply as usual; ``secs`` later send the
+        same request again, on a connection of its own, as a network that delivers a packet twice
+        (or a retry the client never made) would. The copy's exchange is in the history too."""
+        return self._arm(_Armed(marker, "duplicate", secs))
+
     def disarm(self, armed: _Armed) -> bool:
         """Withdraw a fault that has not hit yet; False when a request already took it."""
         with self._lock:
@@ -193,6 +201,11 @@ class FaultProxy:
                     exchange.dropped = True
                     armed.fired.set()
                     return  # the server did the work; the client sees its connection close instead
+                if armed is not None and armed.kind == "duplicate":
+                    copy = threading.Thread(target=self._send_again, args=(exchange, head + body, armed),
+                                            daemon=True)
+                    copy.start()
+                    armed = None  # the copy's thread ends the fault
                 if armed is not None:
                     armed.fired.set()
                     armed = None
@@ -210,6 +223,26 @@ class FaultProxy:
             client.close()
             if upstream is not None:
                 upstream.close()
+
+    def _send_again(self, original: Exchange, request: bytes, armed: _Armed) -> None:
+        time.sleep(armed.secs)
+        copy = Exchange(original.worker_id, original.method, original.path, original.body, time.time(),
+                        duplicate=True)
+        with self._lock:
+            self.history.append(copy)
+        try:
+            with socket.create_connection(self.target, timeout=60) as upstream:
+                copy.forwarded_at = time.time()
+                upstream.sendall(request)
+                reply = _read_message(upstream, bytearray())
+                if reply is not None:
+                    copy.status = int(reply[0].split(b" ", 2)[1])
+                    copy.reply = _json(reply[1])
+                    copy.replied_at = time.time()
+        except OSError:
+            pass
+        finally:
+            armed.fired.set()
 
     def close(self) -> None:
         self.listener.close()

@@ -21,7 +21,7 @@ log = logging.getLogger("arbiter.app")
 # Routes that answer without the database (probes, metrics, the API description).
 _DB_FREE = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
 
-# While the database is away (a failover takes ~13 s) the answer is 503 at once, costing the arbiter
+# While the database is away (a failover takes about 10 s) the answer is 503 at once, costing the arbiter
 # no database work; workers come back when told (worker/backoff.py as_told), so the first of them
 # is here within about this long after the new primary answers.
 DATABASE_RETRY_SECS = 1
