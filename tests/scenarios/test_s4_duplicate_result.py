@@ -7,7 +7,8 @@ from support.procs import add_worker
 from worker.delivery.http_client import ArbiterClient, Unreachable
 
 
-def test_result_reply_dropped_then_resent_is_recorded_once(db, arbiters):
+def _leased_through_a_proxy(db, arbiters):
+    """One submission, leased (and confirmed) by home-1 through a fault proxy in front of the arbiter."""
     with db.connect() as conn:
         seed_problem(conn, xp_reward=10)
         (sid,) = seed_submissions(conn, 1)
@@ -17,6 +18,11 @@ def test_result_reply_dropped_then_resent_is_recorded_once(db, arbiters):
     c = ArbiterClient([proxy.url], cred)
     lease = c.acquire("r", None, 3).body
     assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    return sid, proxy, c, lease
+
+
+def test_result_reply_dropped_then_resent_is_recorded_once(db, arbiters):
+    sid, proxy, c, lease = _leased_through_a_proxy(db, arbiters)
     payload = {"lease_token": lease["lease_token"], "verdict": "AC", "time_ms": 3}
     proxy.drop_next("/result")
     try:
@@ -41,15 +47,7 @@ def test_a_result_the_network_delivers_twice_is_recorded_once(db, arbiters):
     copy is answered as the first was and writes nothing. Removed by hand: without
     ``status = 'judging'`` in record_result the copy writes again and the unique index on
     (submission_id, lease_token) turns it into a 500."""
-    with db.connect() as conn:
-        seed_problem(conn, xp_reward=10)
-        (sid,) = seed_submissions(conn, 1)
-        cred = add_worker(conn, "home-1")
-    a = arbiters.start(db.dsn)
-    proxy = FaultProxy(a.port)
-    c = ArbiterClient([proxy.url], cred)
-    lease = c.acquire("r", None, 3).body
-    assert c.heartbeat(sid, lease["lease_token"]).status == 200
+    sid, proxy, c, lease = _leased_through_a_proxy(db, arbiters)
     armed = proxy.duplicate_next("/result", 0.5)
     first = c.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC", "time_ms": 3})
     assert first.status == 200 and armed.fired.wait(10)
