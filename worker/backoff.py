@@ -14,12 +14,14 @@ class Backoff:
         self.rng = rng or random.Random()
         self.attempt = 0
 
-    def next_delay(self, at_least: float | None = None) -> float:
+    def next_delay(self, retry_after: float | None = None) -> float:
+        """The wait before the next try: what the server said (``retry_after``, from its Retry-After:
+        :meth:`as_told`), or when nothing was said, the next step of the exponential series."""
+        if retry_after is not None:
+            return self.as_told(retry_after)
         base = min(self.initial * (2 ** self.attempt), self.maximum)
         self.attempt += 1
         delay = base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
-        if at_least is not None:
-            delay = max(delay, at_least)
         return min(delay, self.maximum * (1 + self.jitter))
 
     def as_told(self, seconds: float) -> float:

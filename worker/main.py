@@ -110,8 +110,7 @@ class Worker:
                 if give_up_on_stop and self.stopping.is_set():
                     log.info("stopping with results still in the outbox; they are delivered on the next start")
                     return
-                self.stopping.wait(backoff.next_delay() if outcome.retry_after is None
-                                   else backoff.as_told(outcome.retry_after))
+                self.stopping.wait(backoff.next_delay(outcome.retry_after))
 
     def _deliver_one(self, path, entry):
         """One delivery of ``entry`` (stored at ``path``): (outcome, the entry as it now stands).

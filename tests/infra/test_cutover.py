@@ -176,10 +176,7 @@ def lab():
         assert down.returncode == 0, down.stderr
         # Tear-down leaves nothing of this lab running and nothing behind. Not "no lab at all": another
         # run waiting for this one may bring its own up the moment this one is down.
-        sys.path.insert(0, str(ANSIBLE / "lab"))
-        import netlab
-
-        remaining = netlab.existing_lab()
+        remaining = _netlab().existing_lab()
         assert remaining is None or remaining.get("dir") != str(base), remaining
         assert subprocess.run(["pgrep", "-f", str(base)], capture_output=True).returncode == 1
         assert not base.exists()
@@ -469,18 +466,21 @@ def cut_from_database(host: str, cut: bool) -> None:
             subprocess.run([*ip, "del", peer, "dev", "eth0"], check=True, capture_output=True)
 
 
-def lab_netns(host: str) -> str:
-    sys.path.insert(0, str(ANSIBLE / "lab"))
+def _netlab():
+    """ansible/lab/netlab.py, the lab's own module (not a package): its names for hosts and addresses."""
+    if str(ANSIBLE / "lab") not in sys.path:
+        sys.path.insert(0, str(ANSIBLE / "lab"))
     import netlab
 
-    return netlab.netns(host)
+    return netlab
+
+
+def lab_netns(host: str) -> str:
+    return _netlab().netns(host)
 
 
 def lab_address(host: str) -> str:
-    sys.path.insert(0, str(ANSIBLE / "lab"))
-    import netlab
-
-    return netlab.address(host)
+    return _netlab().address(host)
 
 
 def arbiter_takeovers(lab: Lab, flow: Flow) -> None:

@@ -91,7 +91,7 @@ class ArbiterTransport:
             if stopping.is_set():
                 return None
             # A 503 (the database away, a failover, a stopping leader) says when to come back; silence does not.
-            delay = self.backoff.next_delay() if exc.retry_after is None else self.backoff.as_told(exc.retry_after)
+            delay = self.backoff.next_delay(exc.retry_after)
             log.warning("arbiter unreachable; backing off", extra={"delay_secs": round(delay, 2),
                                                                     "error": str(exc)[:200]})
             stopping.wait(delay)
