@@ -238,3 +238,28 @@ def test_a_removed_config_key_is_refused_with_its_replacement(tmp_path, db):
     assert done.returncode == 2
     line = done.stderr.strip()
     assert "'reserved_threads' was removed" in line and "db_threads" in line and "\n" not in line
+
+
+def test_a_clock_stepped_back_does_not_silence_the_notice_to_gunicorn():
+    """uvicorn tells gunicorn it is alive by the wall clock; a notice given while the clock was an
+    hour ahead (a step forward, then back) must not silence it for that hour, or gunicorn kills a
+    healthy arbiter process after its 60 s timeout (seen in the chaos run's logs, clock_jump on an
+    arbiter: "WORKER TIMEOUT"). Without ArbiterServer.on_tick the tick gives no notice."""
+    import asyncio
+
+    import uvicorn
+
+    from arbiter.server.serving import ArbiterServer
+
+    notices: list[float] = []
+
+    async def notify() -> None:
+        notices.append(time.monotonic())
+
+    server = ArbiterServer(config=uvicorn.Config(app=None, callback_notify=notify, timeout_notify=30))
+    server.config.load()
+    server.last_notified = time.time() + 3600  # given while this process's clock was an hour ahead
+    asyncio.run(server.on_tick(0))
+    assert len(notices) == 1
+    asyncio.run(server.on_tick(10))  # a second later, the clock true: no second notice within timeout_notify
+    assert len(notices) == 1

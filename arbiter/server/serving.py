@@ -25,6 +25,7 @@ import logging
 import re
 import resource
 import sys
+import time
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import Server
@@ -147,6 +148,16 @@ class ArbiterServer(Server):
         loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(_close_parking)
+
+    async def on_tick(self, counter: int) -> bool:
+        # uvicorn tells gunicorn it is alive every timeout_notify seconds by the wall clock
+        # (time.time()). After the clock steps back (NTP, a VM resumed, or a step forward undone),
+        # the last notice lies in the future: uvicorn would keep still for as long as the step and
+        # gunicorn kill a healthy process after its timeout, parked workers and all. A notice from
+        # the future is taken as none, so the next tick gives one.
+        if self.last_notified > time.time():
+            self.last_notified = 0.0
+        return await super().on_tick(counter)
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
