@@ -96,7 +96,9 @@ class HaCluster:
     """Three etcd members and ``nodes`` Patroni-run PostgreSQL servers on 127.0.0.1."""
 
     def __init__(self, base_dir: str | os.PathLike | None = None, nodes: int = 2, synchronous: bool = True,
-                 parameters: dict | None = None):
+                 parameters: dict | None = None, also_on: str | None = None):
+        """``also_on``: an address of this machine on a /24 of hosts in network namespaces (the chaos
+        run's bridge); PostgreSQL listens there too and trusts that /24, so those hosts reach it."""
         bindir = find_pg_bindir()
         if bindir is None:
             raise ClusterError("no PostgreSQL server binaries found (apt install postgresql)")
@@ -105,6 +107,7 @@ class HaCluster:
         self.base = Path(base_dir or tempfile.mkdtemp(prefix="judge-ha-", dir="/tmp"))
         self.synchronous = synchronous
         self.parameters = parameters or {}
+        self.also_on = also_on
         self.etcd_ports = [(free_port(), free_port()) for _ in range(3)]
         self.etcd_procs: list[subprocess.Popen] = []
         self._etcd_data = self.base / "etcd"
@@ -149,6 +152,11 @@ class HaCluster:
 
     # -- the database hosts --------------------------------------------------------------
     def _config(self, node: Node) -> dict:
+        listen = "127.0.0.1" + (f",{self.also_on}" if self.also_on else "")
+        hba = ["local all all trust", "host all all 127.0.0.1/32 trust",
+               "host replication replicator 127.0.0.1/32 trust"]
+        if self.also_on:
+            hba.append(f"host all all {self.also_on.rsplit('.', 1)[0]}.0/24 trust")
         parameters = {
             "max_connections": 300,
             # The legacy scheme relies on this to free the global lock of a vanished worker.
@@ -180,7 +188,7 @@ class HaCluster:
                 "initdb": [{"encoding": "UTF8"}, {"locale": "C.UTF-8"}, "data-checksums"],
             },
             "postgresql": {
-                "listen": f"127.0.0.1:{node.pg_port}",
+                "listen": f"{listen}:{node.pg_port}",
                 "connect_address": f"127.0.0.1:{node.pg_port}",
                 "data_dir": str(node.data_dir),
                 "bin_dir": str(self.bindir),
@@ -188,8 +196,7 @@ class HaCluster:
                 "authentication": {"superuser": {"username": "postgres"},
                                    "replication": {"username": "replicator"}},
                 # A lab on loopback: trust. A site's hosts use scram and passwords (the judge_db role).
-                "pg_hba": ["local all all trust", "host all all 127.0.0.1/32 trust",
-                           "host replication replicator 127.0.0.1/32 trust"],
+                "pg_hba": hba,
                 "parameters": {"unix_socket_directories": str(node.base)},
                 # A rewound or diverged old primary is cloned afresh, so failovers can repeat.
                 "remove_data_directory_on_rewind_failure": True,
@@ -352,9 +359,10 @@ class HaCluster:
         self.wait_for(lambda: self.primary() not in (None, primary), 60, f"a primary other than {primary.name}")
 
     # -- addresses -------------------------------------------------------------------------
-    def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
-        """Every host, and libpq keeps the one that takes writes."""
-        hosts = ",".join("127.0.0.1" for _ in self.nodes)
+    def dsn(self, dbname: str = "postgres", user: str = "postgres", address: str = "127.0.0.1") -> str:
+        """Every host, and libpq keeps the one that takes writes. ``address``: where this machine's
+        PostgreSQL servers are reached (``also_on`` from a namespace)."""
+        hosts = ",".join(address for _ in self.nodes)
         ports = ",".join(str(n.pg_port) for n in self.nodes)
         return f"host={hosts} port={ports} dbname={dbname} user={user} target_session_attrs=read-write"
 

@@ -12,17 +12,23 @@ The properties (docs/design.md sections 1, 3, 5, 6 and the issue's list):
   twice, two live leases at once, lease_gen going backwards, AC/XP credited twice, a reclaim (and so
   any system_error) for which no fault on the holder's side accounts (arbiter downtime alone, or a
   jump of any process's wall clock: ``clock_jump`` is in neither set below), a lease lost to a fault
-  of the holder's disk other than by its own hand-back.
+  of the holder's disk other than by its own hand-back;
+and in the logs of every arbiter and worker (``log_violations``): a traceback, a line that is not one
+JSON object (but for gunicorn's own start-up lines), a lease token or a worker's credential.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
-# Faults on a worker's own path: the worker process, or its network to the arbiters.
+# Faults on a worker's own path: the worker process, or its network to the arbiters. (An arbiter cut
+# off from the database, partition_db, is arbiter downtime: it may cost a lease nothing.)
 WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request", "stale_result",
-               "stale_heartbeat"}
+               "stale_heartbeat", "stall_reply", "partition_worker", "power_loss"}
 # Faults of a worker host's own disk (its outbox full or read-only): they may cost a lease only as a
 # hand-back (the worker releases it, answered 200), never as an expiry.
 LOCAL_DISK = {"disk_full", "disk_readonly"}
@@ -243,3 +249,41 @@ def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[F
                 report.add(kind, f"submission {sid} gen {gen} held by {worker} from {granted_at:.3f} was reclaimed "
                                  f"with no fault on {worker}'s side")
     return reclaims, handed_back_for_disk
+
+
+# gunicorn's own lines before our logging takes over: "[2026-12-07 09:13:41 +0000] [11467] [INFO] ...".
+GUNICORN_INFO = re.compile(r"^\[[^]]+\] \[\d+\] \[INFO\] ")
+
+
+def log_violations(report: Report, logs: list[Path], secrets: list[str]) -> int:
+    """Every line of the processes' logs: one JSON object (gunicorn's start-up INFO lines aside), no
+    traceback (a fault is met by a handled, named outcome, never by an exception that escaped), and no
+    secret (lease tokens in either spelling, credentials). Returns how many lines were read."""
+    spellings = {s for secret in secrets if secret for s in (secret, secret.replace("-", ""))}
+    lengths = sorted({len(s) for s in spellings})
+    # Tokens (UUIDs) and credentials are long runs of these characters; each run of a line is looked
+    # up by its every substring of a secret's length (a set lookup each: thousands of secrets stay cheap).
+    candidates = re.compile(r"[0-9A-Za-z_\-]{%d,}" % (lengths[0] if lengths else 1))
+
+    def holds_secret(line: str) -> bool:
+        return any(run[i:i + n] in spellings for run in candidates.findall(line) for n in lengths
+                   for i in range(len(run) - n + 1))
+    lines = 0
+    for path in logs:
+        with open(path, errors="replace") as log:
+            for number, line in enumerate(log, 1):
+                lines += 1
+                where = f"{path.parent.name + '/' if path.parent.name.startswith('worker-') else ''}{path.name}:{number}"
+                if "Traceback" in line:
+                    report.add("traceback in a log", f"{where}: {line.strip()[:200]}")
+                if spellings and holds_secret(line):
+                    report.add("secret in a log", f"{where}: a lease token or a credential")
+                if GUNICORN_INFO.match(line):
+                    continue
+                try:
+                    parsed = json.loads(line)
+                except ValueError:
+                    parsed = None
+                if not isinstance(parsed, dict):
+                    report.add("unstructured log line", f"{where}: {line.strip()[:200]}")
+    return lines

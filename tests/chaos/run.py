@@ -1,22 +1,27 @@
 """A seeded, bounded chaos run: real arbiters, real workers, a real PostgreSQL, and a nemesis.
 
-The database is the replicated one production runs (arbiter/lab/hacluster.py: Patroni, three etcd
-members, two hosts, synchronous replication). Four nemesis threads share one seed. The process
-nemesis kills (-9) and pauses (SIGSTOP) workers and arbiters, crashes the primary's PostgreSQL
-(Patroni restarts it) or its whole host (Patroni fails over to the standby; the old host rejoins as
-the standby), brings a second arbiter up and down, and holds a worker's result on
-the way until its lease is reclaimed and the same worker holds a new lease of that submission (the
-seed's scenario 5, made to happen); the network nemesis drops
-replies, delays requests and sends requests twice (the copy seconds later) in per-worker HTTP
-proxies; the disk nemesis (as root: each worker's
-outbox is a small tmpfs of its own) fills a worker's outbox disk or makes it read-only for a while,
-and the worker must hand back what it cannot keep; the clock nemesis jumps one arbiter's or worker's
-wall clock an hour forward or back for a few seconds (clock.py: libfaketime), which must cost no
-lease. Every nemesis's faults count towards the run's total. Meanwhile a client submits programs whose
-verdict it knows and rejudges some finished ones, and a sampler records lease_gen. At the end every
-fault is healed, the run waits until nothing is pending or judging, and ``checker.check`` reports.
+Every arbiter and worker runs on a host of its own, a network namespace on one bridge (network.py);
+this machine, the bridge's far end, runs the database and the workers' fault proxies. The database
+is the replicated one production runs (arbiter/lab/hacluster.py: Patroni, three etcd members, two
+hosts, synchronous replication). Five nemesis threads share one seed. The process nemesis kills
+(-9) and pauses (SIGSTOP) workers and arbiters, crashes the primary's PostgreSQL (Patroni restarts
+it) or its whole host (Patroni fails over to the standby; the old host rejoins as the standby),
+brings a second arbiter up and down, and holds a worker's result on the way until its lease is
+reclaimed and the same worker holds a new lease of that submission (the seed's scenario 5, made to
+happen); the network nemesis drops replies, delays requests, stalls replies and sends requests
+twice (the copy seconds later) in per-worker HTTP proxies; the partition nemesis cuts a worker's
+link or an arbiter's link to the database (nftables drops the packets: both ways, or one); the disk
+nemesis (each worker's outbox is a small tmpfs of its own) fills a worker's outbox disk or makes it
+read-only for a while, and the worker must hand back what it cannot keep; the clock nemesis jumps
+one arbiter's or worker's wall clock an hour forward or back for a few seconds (clock.py:
+libfaketime), which must cost no lease. Every nemesis's faults count towards the run's total.
+Meanwhile a client submits programs whose verdict it knows and rejudges some finished ones, and a
+sampler records lease_gen. At the end every fault is healed, the run waits until nothing is pending
+or judging, and ``checker.check`` reads the database and the exchanges, ``checker.log_violations``
+every arbiter's and worker's log. Needs root (namespaces, mounts).
 
-    python tests/chaos/run.py --seed 7 --faults 1000     # the long run (see docs/reliability.md)
+    python tests/chaos/run.py --seed 7 --faults 2000     # the long run (see docs/reliability.md)
+    python tests/chaos/run.py --seed 7 --faults 100 --nemeses partition   # one nemesis alone
 
 The schedule (which fault, on whom, for how long) is a function of the seed; the interleaving with
 the processes is not, so a failing seed is a strong hint, not an exact replay.
@@ -25,6 +30,7 @@ the processes is not, so a failing seed is a strong hint, not an exact replay.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -41,8 +47,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from checker import ORPHANED_POLL_SECS, Fault, check  # noqa: E402
+from checker import ORPHANED_POLL_SECS, Fault, check, log_violations  # noqa: E402
 from clock import REREAD_SECS, Clocks  # noqa: E402
+from lazyfs import lose  # noqa: E402
+from network import BRIDGE_ADDRESS, DIRECTIONS, Network  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 from support.procs import ArbiterProcess, WorkerProcess, add_worker, write_testdata  # noqa: E402
 from support.programs import APLUSB_TESTS, PROGRAMS  # noqa: E402
@@ -55,7 +63,8 @@ LEASE_SECS = 4.0
 ARBITER = {"lease_secs": LEASE_SECS, "unconfirmed_secs": 2.0, "grace_secs": 4.0, "long_poll_max_secs": 3.0,
            "db_timeout_secs": 2.0}
 WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initial_secs": 0.2,
-          "backoff_max_secs": 1.5, "request_timeout_secs": 1.5}
+          "backoff_max_secs": 1.5, "request_timeout_secs": 1.5,
+          "allow_plaintext": True}  # plain HTTP to the proxies: the chaos network carries no secret worth TLS
 assert ORPHANED_POLL_SECS >= ARBITER["long_poll_max_secs"], "the checker's window must cover a parked poll"
 OUTBOX_DISK_BYTES = 1 << 20  # each worker's outbox disk: room for hundreds of entries, filled in an instant
 WORKER_IDS = {"home-1": "home", "home-2": "home", "home-3": "home", "prod-1": "production"}
@@ -73,9 +82,26 @@ USERS = 6
 class Lab:
     def __init__(self, root: Path):
         self.root = root
+        self.cluster: HaCluster | None = None
+        self.workers: dict[str, WorkerProcess] = {}
+        self.arbiters: dict[str, ArbiterProcess] = {}
+        self.proxies: dict[tuple[str, str], FaultProxy] = {}
+        self.disks: dict[str, Path] = {}
+        self.lazyfs: dict[str, subprocess.Popen] = {}
+        self.paused: set[str] = set()
+        try:
+            self._build(root)
+        except BaseException:
+            self.destroy()  # what was built before the failure, so that the next run starts clean
+            raise
+
+    def _build(self, root: Path) -> None:
+        # Every arbiter and worker on a host of its own (network.py), so that the partition nemesis
+        # drops real packets between it and this machine (the database, the workers' proxies).
+        self.network = Network(["a1", "a2", *WORKER_IDS]).up()
         # The site's database as production runs it: two hosts under Patroni, synchronous
         # replication; everyone reaches the primary through one multi-host DSN.
-        self.cluster = HaCluster().start()
+        self.cluster = HaCluster(also_on=BRIDGE_ADDRESS).start()
         with self.cluster.connect() as admin:
             admin.execute("CREATE DATABASE judge")
         self.dsn = self.cluster.dsn("judge")
@@ -86,32 +112,50 @@ class Lab:
             self.users = [conn.execute("INSERT INTO users (name) VALUES (%s) RETURNING id", (f"u{i}",)).fetchone()[0]
                           for i in range(USERS)]
             creds = {w: add_worker(conn, w, kind) for w, kind in WORKER_IDS.items()}
+        # What no log may show: the secret part of each credential ("<worker>.<secret>").
+        self.worker_secrets = [c.split(".", 1)[1] for c in creds.values()]
         testdata = root / "testdata"
         write_testdata(testdata, self.problem, APLUSB_TESTS)
         # Every arbiter and worker keeps its wall clock in a file of its own, for the clock nemesis.
         self.clocks = Clocks(root)
-        self.arbiters = {name: ArbiterProcess(self.dsn, root, name=name, env=self.clocks.env(name), **ARBITER)
+        self.arbiters = {name: ArbiterProcess(self.cluster.dsn("judge", address=BRIDGE_ADDRESS), root, name=name,
+                                              env=self.clocks.env(name), netns=self.network.netns(name),
+                                              address=self.network.addresses[name], **ARBITER)
                          for name in ("a1", "a2")}
-        self.proxies = {(w, a): FaultProxy(arb.port, f"{w}->{a}") for w in WORKER_IDS
-                        for a, arb in self.arbiters.items()}
+        self.proxies = {(w, a): FaultProxy(arb.port, f"{w}->{a}", target_host=self.network.addresses[a],
+                                           listen_on=BRIDGE_ADDRESS)
+                        for w in WORKER_IDS for a, arb in self.arbiters.items()}
         self.workers = {w: WorkerProcess(root, w, kind, "arbiter", testdata, credential=creds[w],
                                          arbiter_urls=[self.proxies[(w, "a1")].url, self.proxies[(w, "a2")].url],
-                                         env=self.clocks.env(w), **WORKER)
+                                         env=self.clocks.env(w), netns=self.network.netns(w), **WORKER)
                         for w, kind in WORKER_IDS.items()}
         self.db_gate = threading.Lock()  # the client does not submit while the nemesis has the DB down
-        self.paused: set[str] = set()
-        # Each worker's outbox on a small filesystem of its own, so that the disk nemesis can fill it or
-        # make it read-only without touching anything else (root only: mounting).
-        self.disks: dict[str, Path] = {}
-        if os.geteuid() == 0:
-            for name, worker in self.workers.items():
-                worker.outbox.mkdir(parents=True, exist_ok=True)
-                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={OUTBOX_DISK_BYTES},mode=0700", "tmpfs",
-                                str(worker.outbox)], check=True, capture_output=True)
-                self.disks[name] = worker.outbox
+        # Each worker's outbox on a small disk of its own (a tmpfs), so that the disk nemesis can fill it
+        # or make it read-only without touching anything else, seen through lazyfs.py, which keeps
+        # what was not fsynced in memory until the power_loss fault forgets it.
+        for name, worker in self.workers.items():
+            disk = self.disks[name] = worker.home / "disk"
+            disk.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={OUTBOX_DISK_BYTES},mode=0700", "tmpfs", str(disk)],
+                           check=True, capture_output=True)
+            (disk / "outbox").mkdir(mode=0o700)
+            worker.outbox.mkdir(parents=True, exist_ok=True)
+            self.lazyfs[name] = subprocess.Popen(
+                [sys.executable, str(HERE / "lazyfs.py"), str(disk / "outbox"), str(worker.outbox),
+                 str(self.lazyfs_control(name))],
+                stdout=open(worker.home / "lazyfs.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        for name, worker in self.workers.items():
+            deadline = time.monotonic() + 20
+            while not (os.path.ismount(worker.outbox) and self.lazyfs_control(name).exists()):
+                if self.lazyfs[name].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"lazyfs for {name}'s outbox did not mount: see {worker.home / 'lazyfs.log'}")
+                time.sleep(0.05)
 
     def connect(self):
         return psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+
+    def lazyfs_control(self, name: str) -> Path:
+        return self.workers[name].home / "lazyfs.sock"
 
     def start(self) -> None:
         self.arbiters["a1"].start()
@@ -127,6 +171,7 @@ class Lab:
             self.cont(name)
         for name in [*self.workers, *self.arbiters]:
             self.clocks.set(name, 0)
+        self.network.mend_all()
         self.cluster.heal()
         if not self.arbiter_up("a1"):
             self.arbiters["a1"].start(wait_ready=False)
@@ -159,9 +204,15 @@ class Lab:
                 arbiter.kill9()
         for proxy in self.proxies.values():
             proxy.close()
+        for name, proc in self.lazyfs.items():
+            subprocess.run(["fusermount3", "-u", "-z", str(self.workers[name].outbox)], capture_output=True)
+            proc.kill()
+            proc.wait(10)
         for disk in self.disks.values():
             subprocess.run(["umount", "--lazy", str(disk)], capture_output=True)
-        self.cluster.destroy()
+        if self.cluster is not None:
+            self.cluster.destroy()
+        Network.down()
 
     # -- a worker's disk -----------------------------------------------------------------
     def fill_disk(self, name: str) -> Path:
@@ -188,9 +239,13 @@ class Lab:
         raise RuntimeError(f"could not remount {name}'s outbox disk {mode}")
 
 
+NEMESES = ("process", "network", "disk", "clock", "partition")
+
+
 class Run:
-    def __init__(self, lab: Lab, seed: int, faults: int, submissions: int, log):
+    def __init__(self, lab: Lab, seed: int, faults: int, submissions: int, log, nemeses=NEMESES):
         self.lab = lab
+        self.nemeses = nemeses
         self.seed = seed
         self.target_faults = faults
         self.target_submissions = submissions
@@ -203,6 +258,7 @@ class Run:
         self.gen_samples: list[tuple[int, int]] = []
         self.done = threading.Event()
         self.errors: list[str] = []
+        self.power_losses: list[str] = []  # outbox entries found broken right after a power loss
 
     # -- bookkeeping -------------------------------------------------------------------
     def record(self, kind: str, target: str, started: float, detail: str = "") -> None:
@@ -268,9 +324,11 @@ class Run:
         rng = random.Random(f"{self.seed}-process")
         lab = self.lab
         actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
-                  ["restart_db", "failover"] + ["second_arbiter"] * 2 + ["stale_result"] * 2 + ["stale_heartbeat"] * 2
-        # Each run's first process fault, a few seconds in, is a failover: a short run has one too.
-        first = ["failover"]
+                  ["restart_db", "failover"] + ["second_arbiter"] * 2 + ["stale_result"] * 2 + ["stale_heartbeat"] * 2 + \
+                  ["power_loss"] * 2
+        # Each run's first process faults, a few seconds in, are a failover and a power loss: a short run
+        # has them too.
+        first = ["power_loss", "failover"]
         self.done.wait(3.0)
         while not self.done.is_set():
             action = first.pop() if first else rng.choice(actions)
@@ -304,6 +362,8 @@ class Run:
                 time.sleep(secs)
                 lab.cont(name)
                 self.record(action, name, started, f"{secs:.1f}s")
+            elif action == "power_loss":
+                self.power_loss(rng, started)
             elif action == "restart_db":
                 self.restart_db(started)
             elif action == "failover":
@@ -318,6 +378,43 @@ class Run:
                     lab.arbiters["a2"].start(wait_ready=False)
                     self.record(action, "a2", started, "up")
             self.done.wait(rng.uniform(0.1, 0.8))
+
+    def power_loss(self, rng: random.Random, started: float) -> None:
+        """A worker's host loses power: the worker dies (-9) and its outbox disk forgets every byte
+        that was not fsynced (lazyfs.py). Aimed at the moment that matters: while the worker's result
+        is on the way (the proxy holds its next /result), so its outbox entry is written, renamed and
+        not yet cleared. Every entry the outbox had finished (its final name: written, fsynced,
+        renamed) must still be whole, or a result the worker counted as kept is gone; the held
+        request then goes on (it was in the network before the power went) and the worker starts
+        again on what is left."""
+        lab = self.lab
+        name = rng.choice(sorted(lab.workers))
+        worker = lab.workers[name]
+        proxies = [lab.proxies[(name, a)] for a in sorted(lab.arbiters)]
+        armed = [p.hold_next("/result", 30.0) for p in proxies]
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
+            time.sleep(0.02)
+        held = [a for p, a in zip(proxies, armed) if not p.disarm(a)]
+        try:
+            worker.kill9()
+            forgotten = lose(str(lab.lazyfs_control(name)))
+            kept = worker.outbox_files()
+            for path in kept:
+                try:
+                    json.loads(path.read_bytes())
+                except (OSError, ValueError) as exc:
+                    self.power_losses.append(f"{name}'s outbox entry {path.name} is not whole after a power loss "
+                                             f"({type(exc).__name__}): a result the worker had kept is gone")
+        finally:
+            for one in held:
+                one.let_go()
+            for one in held:
+                one.fired.wait(35)
+        time.sleep(rng.uniform(0, 0.5))
+        worker.start()
+        self.record("power_loss", name, started, f"{len(kept)} outbox entries, {forgotten} files lost unsynced data"
+                    + (", a result on the way" if held else ""))
 
     def restart_db(self, started: float) -> None:
         """The primary's PostgreSQL crashes (its postmaster and backends -9); Patroni, still holding
@@ -448,18 +545,45 @@ class Run:
             time.sleep(REREAD_SECS)  # the process reads its clock file again within this long
             self.record("clock_jump", name, started, f"{offset:+d}s for {secs:.1f}s")
 
+    def partition_nemesis(self) -> None:
+        """Now and then one host's link is cut (network.py: packets dropped, both ways or one): a
+        worker's to the arbiters (partition_worker), or an arbiter's to the database while the workers
+        still reach it (partition_db). Most cuts are shorter than a lease; some outlast it by far."""
+        rng = random.Random(f"{self.seed}-partition")
+        lab = self.lab
+        pg_ports = [node.pg_port for node in lab.cluster.nodes]
+        # The two kinds take turns (two of a worker's, one of an arbiter's), so a short run has both.
+        turns = itertools.cycle(["partition_worker", "partition_db", "partition_worker"])
+        while not self.done.wait(rng.uniform(2.0, 6.0)):
+            kind = next(turns)
+            if kind == "partition_worker":
+                name, ports = rng.choice(sorted(lab.workers)), None
+            else:
+                name, ports = rng.choice(["a1", "a1", "a2"]), pg_ports
+            direction = rng.choice(DIRECTIONS)
+            secs = rng.uniform(0.5, LEASE_SECS) if rng.random() < 0.7 else rng.uniform(LEASE_SECS + 1, 4 * LEASE_SECS)
+            started = time.time()
+            lab.network.cut(name, direction, ports)
+            time.sleep(secs)
+            lab.network.mend(name)
+            self.record(kind, name, started, f"{direction} {secs:.1f}s")
+
     def network_nemesis(self) -> None:
         rng = random.Random(f"{self.seed}-network")
         lab = self.lab
         while not self.done.is_set():
             worker = rng.choice(sorted(lab.workers))
             marker = rng.choice(["/v1/acquire", "/heartbeat", "/result"])
-            kind = rng.choice(["drop_reply", "delay_request", "duplicate_request"])
-            secs = rng.uniform(0.3, 6.0)
+            kind = rng.choice(["drop_reply", "delay_request", "duplicate_request", "stall_reply"])
+            # A stalled reply comes within the worker's patience (an acquire's: its long poll and a
+            # request timeout) or just after: a grant that arrives after its unconfirmed lease was
+            # reclaimed, a heartbeat's 200 after the worker gave up on it.
+            secs = rng.uniform(0.3, 3.6) if kind == "stall_reply" else rng.uniform(0.3, 6.0)
             started = time.time()
             proxies = [lab.proxies[(worker, a)] for a in sorted(lab.arbiters)]
             arm = {"drop_reply": lambda p: p.drop_next(marker), "delay_request": lambda p: p.delay_next(marker, secs),
-                   "duplicate_request": lambda p: p.duplicate_next(marker, secs)}[kind]
+                   "duplicate_request": lambda p: p.duplicate_next(marker, secs),
+                   "stall_reply": lambda p: p.stall_next(marker, secs)}[kind]
             armed = [arm(p) for p in proxies]
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
@@ -508,11 +632,10 @@ class Run:
 
     def execute(self, settle_timeout: float = 240):
         started = time.monotonic()
-        threads = [self.guarded(n, f) for n, f in (("client", self.client), ("sampler", self.sampler),
-                                                    ("process-nemesis", self.process_nemesis),
-                                                    ("network-nemesis", self.network_nemesis),
-                                                    ("disk-nemesis", self.disk_nemesis),
-                                                    ("clock-nemesis", self.clock_nemesis))]
+        nemeses = {"process": self.process_nemesis, "network": self.network_nemesis, "disk": self.disk_nemesis,
+                   "clock": self.clock_nemesis, "partition": self.partition_nemesis}
+        threads = [self.guarded(name, body) for name, body in (("client", self.client), ("sampler", self.sampler))]
+        threads += [self.guarded(f"{name}-nemesis", nemeses[name]) for name in self.nemeses]
         self.done.wait()
         for thread in threads:
             thread.join(timeout=30)
@@ -526,8 +649,13 @@ class Run:
         self.save_evidence(history)
         with self.lab.connect() as conn:
             report = check(conn, self.submitted, self.gen_samples, history, self.faults, XP_REWARD)
+            tokens = [t for (t,) in conn.execute("SELECT lease_token::text FROM lease_grants").fetchall()]
+        logs = sorted(self.lab.root.glob("arbiter-*.log")) + sorted(self.lab.root.glob("worker-*/worker.log"))
+        report.figures["log_lines"] = log_violations(report, logs, tokens + self.lab.worker_secrets)
         if not settled:
             report.add("not settled", f"work still pending or judging {settle_timeout:.0f}s after the last fault")
+        for loss in self.power_losses:
+            report.add("result lost to a power loss", loss)
         for error in self.errors:
             report.add("harness error", error)
         by_kind: dict[str, int] = {}
@@ -539,14 +667,15 @@ class Run:
         return report
 
 
-def run(seed: int, faults: int, submissions: int, workdir: Path | None = None, log=print):
+def run(seed: int, faults: int, submissions: int, workdir: Path | None = None, log=print, nemeses=NEMESES):
+    only = "" if tuple(nemeses) == NEMESES else f" --nemeses {','.join(nemeses)}"
     log(f"chaos run: seed {seed}, {faults} faults, at least {submissions} submissions "
-        f"(again: python tests/chaos/run.py --seed {seed} --faults {faults} --submissions {submissions})")
+        f"(again: python tests/chaos/run.py --seed {seed} --faults {faults} --submissions {submissions}{only})")
     root = Path(workdir or tempfile.mkdtemp(prefix="judge-chaos-"))
     lab = Lab(root)
     try:
         lab.start()
-        return Run(lab, seed, faults, submissions, log).execute()
+        return Run(lab, seed, faults, submissions, log, nemeses).execute()
     finally:
         lab.destroy()
 
@@ -558,9 +687,17 @@ def main(argv=None) -> int:
     parser.add_argument("--submissions", type=int, default=None,
                         help="at least this many (default: faults / 4); the client submits until the faults are done")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temp dir)")
+    parser.add_argument("--nemeses", default=",".join(NEMESES), type=lambda v: tuple(v.split(",")),
+                        help=f"which nemeses strike (default: all of {','.join(NEMESES)}); one alone shows what "
+                             "its faults catch")
     args = parser.parse_args(argv)
+    # A run stopped with SIGTERM (timeout(1), a CI job cancelled) takes its cluster and hosts down too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    unknown = set(args.nemeses) - set(NEMESES)
+    if unknown:
+        parser.error(f"unknown nemesis {', '.join(sorted(unknown))}: choose from {','.join(NEMESES)}")
     report = run(args.seed, args.faults, args.submissions or max(20, args.faults // 4), args.workdir,
-                 log=lambda m: print(m, flush=True))
+                 log=lambda m: print(m, flush=True), nemeses=args.nemeses)
     print(json.dumps(report.figures, indent=2))
     for violation in report.violations:
         print("VIOLATION", violation)

@@ -112,3 +112,36 @@ def test_a_result_answered_200_that_the_database_lost_is_a_violation():
     kept = Report()
     acknowledged_results_lost(kept, [answered], {36: [(1, "AC", 1, TOKEN_1, "worker", 14.05)]})
     assert kept.violations == []
+
+
+def log_violations_of(tmp_path, text: str, secrets=(TOKEN_1,)) -> list[str]:
+    from checker import log_violations
+
+    (tmp_path / "worker-home-1").mkdir(exist_ok=True)
+    log = tmp_path / "worker-home-1" / "worker.log"
+    log.write_text(text)
+    report = Report()
+    assert log_violations(report, [log], list(secrets)) == len(text.splitlines())
+    return report.violations
+
+
+def test_the_log_checker_passes_structured_lines_and_gunicorns_start_up(tmp_path):
+    text = ('{"level": "info", "event": "lease granted", "submission_id": 36}\n'
+            "[2026-12-07 09:13:41 +0000] [11467] [INFO] Starting gunicorn 27.0.1\n")
+    assert log_violations_of(tmp_path, text) == []
+
+
+def test_the_log_checker_flags_a_traceback_a_token_in_either_spelling_and_an_unstructured_line(tmp_path):
+    secret = "Zq3_x-" * 7  # a credential's secret: urlsafe, 42 characters
+    text = ('{"event": "judge error", "exc": "Traceback (most recent call last):"}\n'
+            f'{{"event": "heartbeat", "lease_token": "{TOKEN_1}"}}\n'
+            f'{{"path": "/outbox/.0017-36-{TOKEN_1.replace("-", "")}.json.tmp"}}\n'
+            f'{{"header": "Bearer home-1.{secret}"}}\n'
+            "[2026-12-07 09:13:41 +0000] [11467] [ERROR] Worker (pid:11468) was sent SIGKILL!\n")
+    assert log_violations_of(tmp_path, text, secrets=(TOKEN_1, secret)) == [
+        'traceback in a log: worker-home-1/worker.log:1: {"event": "judge error", "exc": "Traceback (most recent call last):"}',
+        "secret in a log: worker-home-1/worker.log:2: a lease token or a credential",
+        "secret in a log: worker-home-1/worker.log:3: a lease token or a credential",
+        "secret in a log: worker-home-1/worker.log:4: a lease token or a credential",
+        "unstructured log line: worker-home-1/worker.log:5: [2026-12-07 09:13:41 +0000] [11467] [ERROR] Worker "
+        "(pid:11468) was sent SIGKILL!"]

@@ -1,5 +1,5 @@
-"""A small HTTP/1.1 proxy for fault tests: drops chosen replies, delays, holds or duplicates chosen
-requests, records history.
+"""A small HTTP/1.1 proxy for fault tests: drops or stalls chosen replies, delays, holds or duplicates
+chosen requests, records history.
 
 It frames messages by Content-Length (all the arbiter's API uses), so it knows which reply belongs to
 which request on a kept-alive connection. Faults are armed by a marker: the next request whose path
@@ -28,15 +28,15 @@ class Exchange:
     replied_at: float | None = None
     reply: dict | None = None
     dropped: bool = False
-    delayed_secs: float = 0.0
+    delayed_secs: float = 0.0  # how long the request (delay, hold) or its reply (stall) was held
     duplicate: bool = False  # a second copy of a request the client sent once (duplicate_next)
 
 
 @dataclass
 class _Armed:
     marker: str
-    kind: str  # "drop", "delay", "hold" or "duplicate"
-    secs: float = 0.0  # delay: how long; hold: at most how long
+    kind: str  # "drop", "delay", "hold", "stall" or "duplicate"
+    secs: float = 0.0  # delay, stall: how long; hold: at most how long
     taken: threading.Event = field(default_factory=threading.Event)  # a request matched: the fault is on
     fired: threading.Event = field(default_factory=threading.Event)  # the fault is over (reply dropped, request let go)
     exchange: Exchange | None = None  # the request that took it
@@ -92,15 +92,17 @@ def _json(raw: bytes) -> dict | None:
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, name: str = ""):
+    def __init__(self, target_port: int, name: str = "", target_host: str = "127.0.0.1", listen_on: str = "127.0.0.1"):
+        """Relays to target_host:target_port; clients reach it on listen_on (this machine's address on
+        the clients' network: loopback, or a bridge that hosts in namespaces share)."""
         self.name = name
-        self.target = ("127.0.0.1", target_port)
+        self.target = (target_host, target_port)
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
+        self.listener.bind((listen_on, 0))
         self.listener.listen(128)
         self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{listen_on}:{self.port}"
         self.history: list[Exchange] = []
         self._armed: list[_Armed] = []
         self._lock = threading.Lock()
@@ -120,6 +122,11 @@ class FaultProxy:
         """Hold the next matching request until ``let_go()`` (at most secs), then send it on even if
         its client has given up on it: a request stuck in the network that arrives late."""
         return self._arm(_Armed(marker, "hold", secs))
+
+    def stall_next(self, marker: str, secs: float) -> _Armed:
+        """Forward the next matching request at once, and hold the server's reply for secs before
+        relaying it: the server acted long before its client learns so (a reply stuck in the network)."""
+        return self._arm(_Armed(marker, "stall", secs))
 
     def duplicate_next(self, marker: str, secs: float) -> _Armed:
         """Forward the next matching request and relay its reply as usual; ``secs`` later send the
@@ -201,6 +208,9 @@ class FaultProxy:
                     exchange.dropped = True
                     armed.fired.set()
                     return  # the server did the work; the client sees its connection close instead
+                if armed is not None and armed.kind == "stall":
+                    exchange.delayed_secs = armed.secs
+                    time.sleep(armed.secs)
                 if armed is not None and armed.kind == "duplicate":
                     copy = threading.Thread(target=self._send_again, args=(exchange, head + body, armed),
                                             daemon=True)

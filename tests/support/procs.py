@@ -242,8 +242,10 @@ class WorkerProcess:
 
     def __init__(self, workdir: Path, worker_id: str, kind: str, transport: str, testdata: Path,
                  arbiter_urls=(), credential: str = "", dsn: str = "", env: dict | None = None,
-                 sandbox: dict | None = None, **extra):
+                 sandbox: dict | None = None, netns: str | None = None, **extra):
+        """``netns``: run it in that network namespace (a host of its own on the network)."""
         self.worker_id = worker_id
+        self.netns = netns
         self.home = Path(workdir) / f"worker-{worker_id}"
         self.home.mkdir(parents=True, exist_ok=True)
         self.outbox = self.home / "outbox"
@@ -272,7 +274,10 @@ class WorkerProcess:
 
     def start(self, env: dict | None = None) -> "WorkerProcess":
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker.main", "--config", str(self.config)],
+        # nsenter, not ``ip netns exec``: that one mounts a sysfs of the namespace over /sys, hiding
+        # the cgroup tree the sandbox runs programs in. nsenter execs the command: same pid.
+        prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "worker.main", "--config", str(self.config)],
                                      env=dict(os.environ, **self.env, **(env or {})), stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         return self
