@@ -192,3 +192,67 @@ DELETE FROM test_data_files f WHERE NOT EXISTS (SELECT 1 FROM problems p WHERE p
 -- Files no data set lists any more (their chunks go with them).
 DELETE FROM test_blobs b WHERE NOT EXISTS (SELECT 1 FROM test_data_files f WHERE f.sha256 = b.sha256)
 RETURNING size;
+
+-- name: list_problems
+-- Every problem with its live work (each count one partial index, as status_queue).
+SELECT p.id, p.slug, p.title, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.data_digest,
+       (SELECT count(*) FROM submissions s WHERE s.status = 'pending' AND s.problem_id = p.id) AS pending,
+       (SELECT count(*) FROM submissions s WHERE s.status = 'judging' AND s.problem_id = p.id) AS judging
+FROM problems p
+ORDER BY p.slug;
+
+-- name: show_problem
+SELECT p.id, p.slug, p.title, p.xp_reward, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256,
+       p.data_digest
+FROM problems p WHERE p.slug = %(slug)s;
+
+-- name: problem_status_counts
+-- One problem's submissions by status (canaries are nobody's and not counted).
+SELECT status, count(*) AS count FROM submissions
+WHERE problem_id = %(problem_id)s AND canary_expect IS NULL
+GROUP BY status ORDER BY status;
+
+-- name: show_submission
+-- One submission as the operator sees it; never its lease token.
+SELECT s.id, u.name AS user_name, p.slug AS problem, s.language, s.status, s.worker_id, s.lease_slot,
+       s.lease_gen, s.judge_attempts, s.lease_releases, s.canary_expect, s.pinned_worker,
+       s.created_at, s.leased_at, s.judged_at, length(s.source) AS source_chars,
+       round(extract(epoch FROM s.lease_expires_at - now())::numeric, 1)::float AS expires_in_s
+FROM submissions s JOIN users u ON u.id = s.user_id JOIN problems p ON p.id = s.problem_id
+WHERE s.id = %(submission_id)s;
+
+-- name: submission_judgings_of
+-- A submission's judging history, oldest first; never a token.
+SELECT j.seq, j.verdict, j.worker_id, j.slot, j.lease_gen, j.decided_by, j.time_ms, j.memory_kb,
+       j.data_digest, j.created_at, g.granted_at
+FROM submission_judgings j
+LEFT JOIN lease_grants g ON g.lease_token = j.lease_token
+WHERE j.submission_id = %(submission_id)s
+ORDER BY j.seq;
+
+-- name: list_submissions
+-- The newest submissions matching every filter given (a NULL filter matches all); canaries left out.
+-- since: submitted at or after, in the database's time.
+SELECT s.id, u.name AS user_name, p.slug AS problem, s.language, s.status, s.worker_id, s.lease_gen,
+       s.created_at, s.judged_at
+FROM submissions s JOIN users u ON u.id = s.user_id JOIN problems p ON p.id = s.problem_id
+WHERE s.canary_expect IS NULL
+  AND (%(status)s::text IS NULL OR s.status = %(status)s::text)
+  AND (%(slug)s::text IS NULL OR p.slug = %(slug)s::text)
+  AND (%(since_secs)s::float8 IS NULL OR s.created_at >= now() - make_interval(secs => %(since_secs)s::float8))
+  AND (%(since_at)s::timestamptz IS NULL OR s.created_at >= %(since_at)s::timestamptz)
+ORDER BY s.id DESC
+LIMIT %(limit)s;
+
+-- name: decided_with_status
+-- What `rejudge --status` sends back: the submissions (canaries aside) that ended in this status,
+-- decided at or after since (the database's time), of one problem when given.
+SELECT s.id FROM submissions s JOIN problems p ON p.id = s.problem_id
+WHERE s.status = %(status)s::text AND s.canary_expect IS NULL
+  AND (%(slug)s::text IS NULL OR p.slug = %(slug)s::text)
+  AND (%(since_secs)s::float8 IS NULL OR s.judged_at >= now() - make_interval(secs => %(since_secs)s::float8))
+  AND (%(since_at)s::timestamptz IS NULL OR s.judged_at >= %(since_at)s::timestamptz)
+ORDER BY s.id;
+
+-- name: find_active_worker
+SELECT worker_id, languages FROM workers WHERE worker_id = %(worker_id)s AND revoked_at IS NULL;

@@ -206,6 +206,11 @@ def test_canary_run_fails_naming_the_verdict_when_the_worker_judges_wrongly(db, 
 
 
 def test_canary_run_with_no_worker_times_out_and_withdraws_its_canary(db):
+    unknown = judgectl(db, "canary", "run", "--worker", "home-9", "--timeout", "1")
+    assert unknown.returncode == 2 and unknown.stderr == "judgectl: error: no active worker 'home-9' (judgectl worker list)\n"
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM submissions").fetchone() == (0,), "an unknown worker's canary was stored"
+        add_worker(conn, "home-9", "home")  # registered, but no such process runs
     started = time.monotonic()
     out = judgectl(db, "canary", "run", "--worker", "home-9", "--timeout", "1")
     assert out.returncode == 1 and "worker home-9 did not take it in 1s (withdrawn)" in out.stderr, out.stderr

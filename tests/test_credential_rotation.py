@@ -77,7 +77,7 @@ def test_rotate_keeps_the_previous_secret_for_the_overlap_only(db, arbiters, tmp
     unknown = judgectl(db, "worker", "rotate", "nobody")
     assert unknown.returncode == 1 and "no worker 'nobody'" in unknown.stderr
     bad = judgectl(db, "worker", "rotate", "home-1", "--overlap", "-1")
-    assert bad.returncode == 1 and "--overlap" in bad.stderr
+    assert bad.returncode == 2 and "--overlap" in bad.stderr
     assert status_of(a, new) == 204, "a refused rotate changed the credential"
 
 

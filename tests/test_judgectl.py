@@ -36,9 +36,9 @@ def test_worker_add_prints_credential_once_and_stores_only_its_hash(db, tmp_path
 
 
 def test_bad_worker_input_changes_nothing(db):
-    assert judgectl(db, "worker", "add", "Bad Id", "--kind", "home").returncode == 1
+    assert judgectl(db, "worker", "add", "Bad Id", "--kind", "home").returncode == 2
     bad_lang = judgectl(db, "worker", "add", "w1", "--kind", "home", "--languages", "c,cobol")
-    assert bad_lang.returncode == 1 and "cobol" in bad_lang.stderr
+    assert bad_lang.returncode == 2 and "cobol" in bad_lang.stderr
     with db.connect() as conn:
         assert conn.execute("SELECT count(*) FROM workers").fetchone()[0] == 0
 
@@ -54,7 +54,7 @@ def test_submit_status_rejudge(db, tmp_path):
     assert status.returncode == 0 and "pending" in status.stdout
 
     bad = judgectl(db, "submit", "--user", "bob", "--problem", "nope", "--language", "python3", str(src))
-    assert bad.returncode == 1 and "unknown problem 'nope'" in bad.stderr
+    assert bad.returncode == 2 and "unknown problem 'nope'" in bad.stderr
 
     not_terminal = judgectl(db, "rejudge", str(sid))
     assert not_terminal.returncode == 1 and "not rejudged" in not_terminal.stderr
@@ -165,3 +165,88 @@ def test_worker_ensure_is_idempotent_and_refuses_a_foreign_credential(db):
     rotated = credentials.format_credential("home-1", credentials.new_secret())
     assert judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--credential-file", "-",
                     stdin=rotated).stdout.strip().startswith("updated worker home-1: credential rotated")
+
+
+def test_contest_day_verbs_show_what_happened_and_rejudge_by_status(db, tmp_path):
+    """submission show/list, rejudge --status --since, worker list, problem list/show; --dsn after the
+    sub-command as before it; no token printed."""
+    assert judgectl(db, "problem", "add", "aplusb").returncode == 0
+    src = tmp_path / "a.py"
+    src.write_text("print(1)\n")
+    sids = [int(judgectl(db, "submit", "--user", "bob", "--problem", "aplusb", "--language", "python3",
+                         str(src)).stdout) for _ in range(2)]
+    with db.connect() as conn:
+        conn.execute("INSERT INTO workers (worker_id, kind, secret_sha256, slots) VALUES ('w', 'home', 'x', 2)")
+        lease = leases.acquire(conn, worker_id="w", kind="home", request_id="r1", languages=["python3"],
+                               unconfirmed_secs=10, legacy=None)
+        leases.record_result(conn, worker_id="w", submission_id=lease.submission_id, lease_token=lease.lease_token,
+                             verdict="WA", time_ms=12, memory_kb=3456)
+        token = str(lease.lease_token)
+    wa = lease.submission_id
+
+    # --dsn after the sub-command (the helper passes it before; here only after).
+    shown = subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "submission", "show", str(wa), "--dsn", db.dsn],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"submission #{wa} by bob: aplusb in python3" in shown.stdout
+    assert "status      WA" in shown.stdout
+    assert "#1 gen 1 WA           by w/0 (worker) 12 ms 3456 KiB; leased " in shown.stdout, shown.stdout
+    assert token not in shown.stdout and token.replace("-", "") not in shown.stdout
+
+    listed = judgectl(db, "submission", "list", "--status", "WA", "--problem", "aplusb", "--since", "1h")
+    assert listed.returncode == 0 and f"#{wa} " in listed.stdout and "1 submission(s)" in listed.stdout, listed.stdout
+    assert "0 submission(s)" in judgectl(db, "submission", "list", "--since", "2099-01-01T00:00:00+00:00").stdout
+    assert judgectl(db, "submission", "list", "--status", "nonsense").returncode == 2
+
+    rejudged = judgectl(db, "rejudge", "--status", "WA", "--since", "10m")
+    assert rejudged.returncode == 0 and rejudged.stdout == f"{wa} pending (lease_gen 2)\n", rejudged.stdout
+    nothing = judgectl(db, "rejudge", "--status", "WA", "--since", "10m")
+    assert nothing.returncode == 0 and "nothing to rejudge" in nothing.stdout
+    for bad in (("--status", "pending"), ("--status", "WA", str(sids[0])), ("--since", "1h"),
+                ("--status", "WA", "--since", "yesterday")):
+        refused = judgectl(db, "rejudge", *bad)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused.stderr)
+
+    workers = judgectl(db, "worker", "list")
+    assert workers.returncode == 0 and "w                home       silent" in workers.stdout, workers.stdout
+    problems = judgectl(db, "problem", "list")
+    assert problems.returncode == 0 and "aplusb" in problems.stdout and "pending 2" in problems.stdout, problems.stdout
+    one = judgectl(db, "problem", "show", "aplusb")
+    assert one.returncode == 0 and "submissions pending 2" in one.stdout, one.stdout
+    assert judgectl(db, "problem", "show", "nope").returncode == 2
+    assert judgectl(db, "submission", "show", "999999").returncode == 2
+
+
+def test_bad_names_and_files_are_one_line_and_exit_2_and_store_nothing(db, tmp_path):
+    with db.connect() as conn:
+        before = conn.execute("SELECT (SELECT count(*) FROM problems), (SELECT count(*) FROM users), "
+                              "(SELECT count(*) FROM submissions)").fetchone()
+    ok = tmp_path / "ok.c"
+    ok.write_text("int main(void) { return 0; }\n")
+    nul = tmp_path / "nul.c"
+    nul.write_bytes(b"int main(void) { return 0; }\0\n")
+    latin1 = tmp_path / "latin1.c"
+    latin1.write_bytes(b"/* \xe9t\xe9 */ int main(void) { return 0; }\n")
+    not_tar = tmp_path / "hostname"
+    not_tar.write_text("judge-1\n")
+    cases = [
+        (("problem", "add", "bad slug!"), "bad problem slug"),
+        (("problem", "add", "x" * 65), "bad problem slug"),
+        (("submit", "--user", "u" * 5000, "--problem", "aplusb", "--language", "c", str(ok)), "bad user name"),
+        (("submit", "--user", "tab\there", "--problem", "aplusb", "--language", "c", str(ok)), "bad user name"),
+        (("submit", "--user", "bob", "--problem", "aplusb", "--language", "c", str(nul)), "NUL"),
+        (("submit", "--user", "bob", "--problem", "aplusb", "--language", "c", str(latin1)), "not UTF-8"),
+        (("submit", "--user", "bob", "--problem", "aplusb", "--language", "c", str(tmp_path / "none.c")),
+         "cannot read source"),
+        (("problem", "data", "aplusb", str(not_tar)), "not a tar archive"),
+        (("canary", "run", "--worker", "nosuch", "--timeout", "120"), "no active worker 'nosuch'"),
+    ]
+    for argv, said in cases:
+        result = judgectl(db, *argv)
+        assert result.returncode == 2, (argv, result.returncode, result.stderr)
+        assert result.stderr.startswith("judgectl: error: ") and result.stderr.count("\n") == 1, (argv, result.stderr)
+        assert said in result.stderr, (argv, result.stderr)
+        assert "Traceback" not in result.stderr
+    with db.connect() as conn:
+        assert conn.execute("SELECT (SELECT count(*) FROM problems), (SELECT count(*) FROM users), "
+                            "(SELECT count(*) FROM submissions)").fetchone() == before

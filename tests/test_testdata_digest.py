@@ -55,13 +55,13 @@ def test_judgectl_problem_data_from_a_directory_or_an_archive(db, tmp_path):
         tar.add(d, arcname="1")
     from_tar = judgectl(db, "problem", "data", "aplusb", str(archive))
     assert from_tar.returncode == 0 and "unchanged" in from_tar.stdout, from_tar.stdout + from_tar.stderr
-    for bad, error in ((tmp_path / "none", "no such directory or archive"), (d / "1.in", "not a readable tar")):
+    for bad, error in ((tmp_path / "none", "no such directory or archive"), (d / "1.in", "not a tar archive")):
         result = judgectl(db, "problem", "data", "aplusb", str(bad))
-        assert result.returncode == 1 and error in result.stderr, result.stderr
+        assert result.returncode == 2 and error in result.stderr and result.stderr.count("\n") == 1, result.stderr
     (tmp_path / "nothing").mkdir()
     empty = judgectl(db, "problem", "data", "aplusb", str(tmp_path / "nothing"))
-    assert empty.returncode == 1 and "no .in files" in empty.stderr
-    assert judgectl(db, "problem", "data", "nope", str(d)).returncode == 1
+    assert empty.returncode == 2 and "no .in files" in empty.stderr
+    assert judgectl(db, "problem", "data", "nope", str(d)).returncode == 2
     with db.connect() as conn:
         assert conn.execute("SELECT data_digest FROM problems WHERE slug = 'aplusb'").fetchone() == (digest,)
 
@@ -127,7 +127,7 @@ def test_stale_data_never_judges_and_data_changed_rejudges_exactly_what_used_oth
     nothing = judgectl(db, "rejudge", "--problem", "aplusb", "--data-changed")
     assert nothing.returncode == 0 and "nothing to rejudge" in nothing.stdout
     for bad in (("--data-changed",), ("--problem", "aplusb"), ("--problem", "nope", "--data-changed")):
-        assert judgectl(db, "rejudge", *bad).returncode == 1
+        assert judgectl(db, "rejudge", *bad).returncode == 2
 
 
 def _add(db, worker_id):

@@ -9,8 +9,9 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
 
-from arbiter.ctl.common import OPS, CtlError
+from arbiter.ctl.common import OPS, CtlError, InputError, check_slug
 
 # The seam's own digest and comparer parser: what judgectl stores is exactly what a worker accepts.
 from arbiter.protocol import testdata
@@ -44,6 +45,7 @@ def _checker_reminder(problem_id: int, args) -> None:
               "a worker judges only with a checker of this digest", file=sys.stderr)
 
 def cmd_problem_add(args, conn) -> int:
+    check_slug(args.slug)
     comparer, checker_sha256 = _comparer_and_checker(args, "tokens")
     try:
         row = conn.execute(OPS.add_problem, {"slug": args.slug, "title": args.title or args.slug,
@@ -84,21 +86,24 @@ def cmd_problem_data(args, conn) -> int:
                 with tarfile.open(source) as archive:
                     archive.extractall(scratch, filter="data")
             except (tarfile.TarError, OSError) as exc:
-                raise CtlError(f"{source}: not a readable tar archive of test data ({exc})") from None
+                # tarfile's message lists every compression it tried, a line each: the first line says it.
+                why = str(exc).strip().splitlines()[0].rstrip(":") if str(exc).strip() else type(exc).__name__
+                raise InputError(f"{source}: a file, but not a tar archive of test data ({why}); give the "
+                                 "test data's directory or a .tar/.tar.gz of it") from None
             root = Path(scratch)
             inner = list(root.iterdir())
             if len(inner) == 1 and inner[0].is_dir():  # an archive of the directory itself
                 root = inner[0]
         else:
-            raise CtlError(f"{source}: no such directory or archive")
+            raise InputError(f"{source}: no such directory or archive")
         try:
             entries = testdata.manifest(root)
         except OSError as exc:
             raise CtlError(f"{source}: {exc.strerror}") from None
         if not any(e.path.endswith(".in") for e in entries):
-            raise CtlError(f"{source}: no .in files: not a problem's test data")
+            raise InputError(f"{source}: no .in files: not a problem's test data")
         if conn.execute(OPS.find_problem, {"slug": args.slug}).fetchone() is None:
-            raise CtlError(f"no problem {args.slug!r}")
+            raise InputError(f"no problem {args.slug!r}")
         digest = testdata.digest_of(entries)
         conn.execute(OPS.lock_test_data)
         try:
@@ -114,6 +119,34 @@ def cmd_problem_data(args, conn) -> int:
         print(f"workers judge {args.slug} only with exactly this data (they fetch it from the arbiter); "
               f"then: judgectl rejudge --problem {args.slug} --data-changed", file=sys.stderr)
     return 0
+
+def cmd_problem_list(args, conn) -> int:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(OPS.list_problems).fetchall()
+    for row in rows:
+        data = row["data_digest"][:12] if row["data_digest"] else "no data"
+        print(f"{row['slug']:<20} #{row['id']:<5} {row['time_limit_ms']:>6} ms {row['memory_limit_kb'] // 1024:>6} MiB "
+              f"{row['comparer']:<14} {data:<12} pending {row['pending']:<5} judging {row['judging']:<4} "
+              f"{row['title'][:40]}")
+    print(f"{len(rows)} problem(s)")
+    return 0
+
+
+def cmd_problem_show(args, conn) -> int:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(OPS.show_problem, {"slug": args.slug}).fetchone()
+        if row is None:
+            raise InputError(f"no problem {args.slug!r} (judgectl problem list)")
+        counts = cur.execute(OPS.problem_status_counts, {"problem_id": row["id"]}).fetchall()
+    print(f"problem {row['slug']} (#{row['id']}): {row['title']}")
+    print(f"  limits      {row['time_limit_ms']} ms, {row['memory_limit_kb']} KiB")
+    checker = f" (checker sha256 {row['checker_sha256']})" if row["checker_sha256"] else ""
+    print(f"  comparer    {row['comparer']}{checker}")
+    print(f"  test data   {row['data_digest'] or 'none yet (judgectl problem data)'}")
+    print(f"  xp reward   {row['xp_reward']}")
+    print("  submissions " + (", ".join(f"{c['status']} {c['count']}" for c in counts) or "none"))
+    return 0
+
 
 def cmd_data_prune(args, conn) -> int:
     """Remove the stored test data that no problem uses now (older versions), and the files only
@@ -150,6 +183,11 @@ def add_commands(sub) -> None:
     ps.add_argument("--comparer", help="tokens | lines | float:abs=A,rel=R | checker")
     ps.add_argument("--checker", help="the problem's checker (C++ source); implies --comparer checker")
     ps.set_defaults(func=cmd_problem_set)
+    pl = psub.add_parser("list", help="every problem: limits, comparer, test data, live work")
+    pl.set_defaults(func=cmd_problem_list)
+    pw = psub.add_parser("show", help="one problem: limits, comparer, checker, test data, submissions by status")
+    pw.add_argument("slug")
+    pw.set_defaults(func=cmd_problem_show)
     pd = psub.add_parser("data", help="record the digest of a problem's test data (a directory or a tar of one)")
     pd.add_argument("slug")
     pd.add_argument("source", help="the test data: DIR or ARCHIVE (.tar, .tar.gz)")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from psycopg.rows import dict_row
 
-from arbiter.ctl.common import OPS, POLL_SECS, CtlError
+from arbiter.ctl.common import OPS, POLL_SECS, CtlError, InputError, check_user_name, parse_since
 from arbiter.protocol.vocabulary import LANGUAGES
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
@@ -18,34 +18,51 @@ from arbiter.store import canary, leases, status
 
 def cmd_submit(args, conn) -> int:
     if args.language not in LANGUAGES:
-        raise CtlError(f"unknown language {args.language!r} (choose from {', '.join(sorted(LANGUAGES))})")
+        raise InputError(f"unknown language {args.language!r} (choose from {', '.join(sorted(LANGUAGES))})")
+    check_user_name(args.user)
     try:
         raw = Path(args.source).read_bytes() if args.source != "-" else sys.stdin.buffer.read()
     except OSError as exc:
-        raise CtlError(f"cannot read source {args.source}: {exc.strerror}") from None
+        raise InputError(f"cannot read source {args.source}: {exc.strerror}") from None
     try:
         source = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CtlError(f"source {args.source} is not UTF-8 text (byte {exc.start}); nothing stored") from None
+        raise InputError(f"source {args.source} is not UTF-8 text (byte {exc.start}); nothing stored") from None
     try:
         leases.check_source(source)
     except leases.SourceRefused as exc:
-        raise CtlError(f"source {args.source}: {exc}; nothing stored") from None
+        raise InputError(f"source {args.source}: {exc}; nothing stored") from None
     problem = conn.execute(OPS.find_problem, {"slug": args.problem}).fetchone()
     if problem is None:
-        raise CtlError(f"unknown problem {args.problem!r}")
+        raise InputError(f"unknown problem {args.problem!r}")
     with conn.transaction():
         user_id = conn.execute(OPS.ensure_user, {"name": args.user}).fetchone()[0]
     print(leases.submit(conn, user_id, problem[0], args.language, source))
     return 0
 
 def cmd_rejudge(args, conn) -> int:
-    if args.data_changed:
+    if args.status is not None:
+        if args.data_changed or args.submission_ids:
+            raise InputError("--status goes with --since and --problem, not with submission ids or --data-changed")
+        if args.status not in leases.TERMINAL:
+            raise InputError(f"--status must be a verdict ({', '.join(sorted(leases.TERMINAL))}), "
+                             f"not {args.status!r}")
+        params = {"status": args.status, "slug": args.problem,
+                  **parse_since(args.since)}
+        ids = [r[0] for r in conn.execute(OPS.decided_with_status, params).fetchall()]
+        if not ids:
+            print(f"nothing to rejudge: no submission ended {args.status}"
+                  + (f" since {args.since}" if args.since else "") + (f" on {args.problem}" if args.problem else ""))
+            return 0
+        args.submission_ids = ids
+    elif args.since:
+        raise InputError("--since goes with --status")
+    elif args.data_changed:
         if not args.problem or args.submission_ids:
-            raise CtlError("--data-changed goes with --problem SLUG and no submission ids")
+            raise InputError("--data-changed goes with --problem SLUG and no submission ids")
         row = conn.execute(OPS.find_problem_digest, {"slug": args.problem}).fetchone()
         if row is None:
-            raise CtlError(f"no problem {args.problem!r}")
+            raise InputError(f"no problem {args.problem!r}")
         if row[0] is None:
             raise CtlError(f"problem {args.problem!r} has no test-data digest yet: set it with "
                            "'judgectl problem data' first")
@@ -55,7 +72,8 @@ def cmd_rejudge(args, conn) -> int:
             return 0
         args.submission_ids = ids
     elif args.problem or not args.submission_ids:
-        raise CtlError("give submission ids, or --problem SLUG --data-changed")
+        raise InputError("give submission ids, --status VERDICT [--since AGE] [--problem SLUG], "
+                         "or --problem SLUG --data-changed")
     moved = dict(leases.rejudge(conn, args.submission_ids))
     missing = [sid for sid in args.submission_ids if sid not in moved]
     for sid, gen in moved.items():
@@ -126,6 +144,11 @@ def cmd_canary_run(args, conn) -> int:
     worker through that one transport; a wrong verdict fails in seconds, naming the verdict.
     """
 
+    worker = conn.execute(OPS.find_active_worker, {"worker_id": args.worker_id}).fetchone()
+    if worker is None:
+        raise InputError(f"no active worker {args.worker_id!r} (judgectl worker list)")
+    if args.language not in worker[1]:
+        raise InputError(f"worker {args.worker_id} does not judge {args.language} (it judges {', '.join(worker[1])})")
     sid = canary.submit(conn, args.language, pinned_worker=args.worker_id)
     deadline = time.monotonic() + args.timeout
     while not (result := canary.outcome(conn, sid)).decided:
@@ -163,6 +186,9 @@ def add_commands(sub) -> None:
     p.add_argument("--problem", help="with --data-changed: the problem's slug")
     p.add_argument("--data-changed", action="store_true",
                    help="rejudge exactly the problem's submissions judged with other test data than its digest now")
+    p.add_argument("--status", help="rejudge every submission that ended with this verdict (system_error, say)")
+    p.add_argument("--since", help="with --status: decided within this age (90s, 30m, 2h, 1d) or since this "
+                                   "moment (ISO 8601)")
     p.set_defaults(func=cmd_rejudge)
 
     p = sub.add_parser("status", help="queue, leases in flight, workers")

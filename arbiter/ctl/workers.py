@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
 
-from arbiter.ctl.common import OPS, CtlError, read_secret_arg
+from arbiter.ctl.common import OPS, CtlError, InputError, read_secret_arg
 from arbiter.protocol.vocabulary import LANGUAGES
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
@@ -21,7 +22,7 @@ def _languages(arg: str) -> list[str]:
     languages = sorted(set(arg.split(",")))
     unknown = set(languages) - set(LANGUAGES)
     if unknown:
-        raise CtlError(f"unknown language(s): {', '.join(sorted(unknown))}")
+        raise InputError(f"unknown language(s): {', '.join(sorted(unknown))}")
     return languages
 
 def _write_credential(worker_id: str, secret: str, path: str | None) -> None:
@@ -37,19 +38,22 @@ def _write_credential(worker_id: str, secret: str, path: str | None) -> None:
 
 def _overlap_secs(value: float) -> float:
     if not 0 <= value <= 30 * 86400:
-        raise CtlError("--overlap must be between 0 and 2592000 seconds (30 days)")
+        raise InputError("--overlap must be between 0 and 2592000 seconds (30 days)")
     return value
 
 MAX_SLOTS = 256
+# A worker not heard from for this long is "silent" in worker list: two of its long-polls (25 s each,
+# the worker's default) without a word.
+SILENT_AFTER_SECS = 60.0
 
 def _slots(value: int) -> int:
     if not 1 <= value <= MAX_SLOTS:
-        raise CtlError(f"--slots must be between 1 and {MAX_SLOTS}")
+        raise InputError(f"--slots must be between 1 and {MAX_SLOTS}")
     return value
 
 def cmd_worker_add(args, conn) -> int:
     if not credentials.WORKER_ID.match(args.worker_id):
-        raise CtlError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
+        raise InputError("worker id must be 1-63 chars of a-z, 0-9, '_' or '-', starting with a letter or digit")
     languages = _languages(args.languages)
     secret = credentials.new_secret()
     try:
@@ -101,6 +105,27 @@ def cmd_worker_rotate(args, conn) -> int:
     print(f"the previous credential of {args.worker_id} stays valid {until}", file=sys.stderr)
     return 0
 
+def cmd_worker_list(args, conn) -> int:
+    """Each worker: busy (holds leases), idle (heard from lately), silent, or revoked."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(OPS.status_workers).fetchall()
+    for row in rows:
+        seen = row["last_seen_ago_s"]
+        if row["revoked"]:
+            state = "revoked"
+        elif row["leases"]:
+            state = "busy"
+        elif seen is not None and seen <= SILENT_AFTER_SECS:
+            state = "idle"
+        else:
+            state = "silent"
+        heard = "never" if seen is None else f"{seen:.0f}s ago"
+        print(f"{row['worker_id']:<16} {row['kind']:<10} {state:<8} leases {row['leases']}/{row['slots']:<3} "
+              f"last heard {heard:<10} languages {','.join(row['languages'])}")
+    print(f"{len(rows)} worker(s)")
+    return 0
+
+
 def cmd_worker_revoke(args, conn) -> int:
     if conn.execute(OPS.revoke_worker, {"worker_id": args.worker_id}).rowcount == 0:
         raise CtlError(f"no active worker {args.worker_id!r}")
@@ -133,6 +158,8 @@ def add_commands(sub) -> None:
                     help="seconds the previous credential stays valid (default 3600)")
     wo.add_argument("--credential-file", help="write the new credential here (mode 0600) instead of printing it")
     wo.set_defaults(func=cmd_worker_rotate)
+    wl = wsub.add_parser("list", help="every worker: kind, busy/idle/silent/revoked, leases, last heard")
+    wl.set_defaults(func=cmd_worker_list)
     wr = wsub.add_parser("revoke", help="revoke a worker's credentials (the current one and any previous one)")
     wr.add_argument("worker_id")
     wr.set_defaults(func=cmd_worker_revoke)

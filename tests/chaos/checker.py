@@ -273,7 +273,8 @@ def log_violations(report: Report, logs: list[Path], secrets: list[str]) -> int:
         with open(path, errors="replace") as log:
             for number, line in enumerate(log, 1):
                 lines += 1
-                where = f"{path.parent.name + '/' if path.parent.name.startswith('worker-') else ''}{path.name}:{number}"
+                folder = path.parent.name + "/" if path.parent.name.startswith("worker-") else ""
+                where = f"{folder}{path.name}:{number}"
                 if "Traceback" in line:
                     report.add("traceback in a log", f"{where}: {line.strip()[:200]}")
                 if spellings and holds_secret(line):

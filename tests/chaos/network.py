@@ -65,7 +65,8 @@ class Network:
             raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
         if ports:
             listed = "{ " + ", ".join(str(p) for p in ports) + " }"
-            leaving, arriving = f"ip daddr {BRIDGE_ADDRESS} tcp dport {listed}", f"ip saddr {BRIDGE_ADDRESS} tcp sport {listed}"
+            leaving = f"ip daddr {BRIDGE_ADDRESS} tcp dport {listed}"
+            arriving = f"ip saddr {BRIDGE_ADDRESS} tcp sport {listed}"
         else:
             leaving, arriving = 'oifname "eth0"', 'iifname "eth0"'
         rules = ["add table inet chaos", "flush table inet chaos",

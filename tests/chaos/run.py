@@ -324,8 +324,8 @@ class Run:
         rng = random.Random(f"{self.seed}-process")
         lab = self.lab
         actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
-                  ["restart_db", "failover"] + ["second_arbiter"] * 2 + ["stale_result"] * 2 + ["stale_heartbeat"] * 2 + \
-                  ["power_loss"] * 2
+                  ["restart_db", "failover"] + ["second_arbiter"] * 2 + ["stale_result"] * 2 + \
+                  ["stale_heartbeat"] * 2 + ["power_loss"] * 2
         # Each run's first process faults, a few seconds in, are a failover and a power loss: a short run
         # has them too.
         first = ["power_loss", "failover"]

@@ -139,7 +139,8 @@ def test_the_log_checker_flags_a_traceback_a_token_in_either_spelling_and_an_uns
             f'{{"header": "Bearer home-1.{secret}"}}\n'
             "[2026-12-07 09:13:41 +0000] [11467] [ERROR] Worker (pid:11468) was sent SIGKILL!\n")
     assert log_violations_of(tmp_path, text, secrets=(TOKEN_1, secret)) == [
-        'traceback in a log: worker-home-1/worker.log:1: {"event": "judge error", "exc": "Traceback (most recent call last):"}',
+        'traceback in a log: worker-home-1/worker.log:1: {"event": "judge error", '
+        '"exc": "Traceback (most recent call last):"}',
         "secret in a log: worker-home-1/worker.log:2: a lease token or a credential",
         "secret in a log: worker-home-1/worker.log:3: a lease token or a credential",
         "secret in a log: worker-home-1/worker.log:4: a lease token or a credential",
