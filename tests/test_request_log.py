@@ -50,15 +50,26 @@ def test_routine_2xx_is_a_debug_line_and_everything_else_an_info_line(client, ca
         assert client.simulate_get("/other").status_code == 200
         assert client.simulate_get("/nowhere").status_code == 404
     routes = [(r.route, r.status) for r in _request_lines(caplog, logging.INFO)]
-    assert routes == [("/routine/{answer:int}", 400), ("/routine/{answer:int}", 410),
-                      ("/routine/{answer:int}", 422), ("/other", 200), ("unmatched", 404)]
+    # The route names its field, not the field's converter (a metric label and a log field).
+    assert routes == [("/routine/{answer}", 400), ("/routine/{answer}", 410),
+                      ("/routine/{answer}", 422), ("/other", 200), ("unmatched", 404)]
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="arbiter"):
         client.simulate_post("/routine/200")
-    assert [(r.route, r.status) for r in _request_lines(caplog, logging.DEBUG)] == [("/routine/{answer:int}", 200)]
+    assert [(r.route, r.status) for r in _request_lines(caplog, logging.DEBUG)] == [("/routine/{answer}", 200)]
 
 
 def test_the_routine_resources_are_exactly_a_workers_lease_traffic():
     routine = {cls.__name__ for module in (worker_api, operator_api) for cls in vars(module).values()
                if isinstance(cls, type) and getattr(cls, "routine", False)}
     assert routine == {"Acquire", "Heartbeat", "Result"}
+
+
+def test_a_route_label_names_the_field_not_its_converter():
+    from arbiter.server.http.app import ROUTES
+    from arbiter.server.http.request_log import route_label
+
+    labels = {route_label(path) for path, _ in ROUTES}
+    assert "/v1/leases/{submission_id}/heartbeat" in labels
+    assert not any(":" in label or "(" in label for label in labels), labels
+    assert route_label(None) == "unmatched"

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from arbiter.protocol import delivery
 from arbiter.server.http.base import log
 from arbiter.server.metrics import METRICS
+
+
+# A route's field converter ("{submission_id:int(min=1, max=...)}"): left out of the route's label,
+# which names the field only ("/v1/leases/{submission_id}/heartbeat").
+CONVERTER = re.compile(r"\{(\w+):[^}]*\}")
+
+
+def route_label(uri_template: str | None) -> str:
+    """The route a request matched, as metrics and logs name it; "unmatched" when it matched none (or
+    was answered before routing: the database gate, a refused credential)."""
+    return CONVERTER.sub(r"{\1}", uri_template) if uri_template else "unmatched"
 
 
 class RequestLog:
@@ -26,7 +38,7 @@ class RequestLog:
         req.context.started = time.monotonic()
 
     async def process_response(self, req, resp, resource, req_succeeded):
-        route = req.uri_template or "unmatched"
+        route = route_label(req.uri_template)
         status = resp.status[:3] if isinstance(resp.status, str) else str(int(resp.status))
         METRICS.inc("arbiter_requests_total", route=route, status=status)
         if getattr(resource, "counts_refusals", False) and delivery.is_refusal(int(status)):
