@@ -256,3 +256,13 @@ ORDER BY s.id;
 
 -- name: find_active_worker
 SELECT worker_id, languages FROM workers WHERE worker_id = %(worker_id)s AND revoked_at IS NULL;
+
+-- name: oldest_pending_age
+-- The age (DB time) of the oldest pending submission that was never decided: what its user has been
+-- waiting. Found in id order on submissions_pending_idx. A rejudged submission waits since its
+-- rejudge, which no column records: it counts in the queue's depth, not here.
+SELECT coalesce((
+    SELECT extract(epoch FROM now() - s.created_at)::float8 FROM submissions s
+    WHERE s.status = 'pending' AND s.canary_expect IS NULL
+      AND NOT EXISTS (SELECT 1 FROM submission_judgings j WHERE j.submission_id = s.id)
+    ORDER BY s.id LIMIT 1), 0) AS age_s;

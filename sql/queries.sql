@@ -37,7 +37,8 @@ WITH candidate AS (
     FROM candidate
     WHERE s.id = candidate.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
-              s.lease_expires_at, s.judge_attempts
+              s.lease_expires_at, s.judge_attempts,
+              extract(epoch FROM s.leased_at - s.created_at)::float8 AS queue_wait_secs
 ), granted AS (
     INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
     SELECT lease_token, id, lease_gen, %(worker_id)s, %(request_id)s FROM leased
@@ -50,6 +51,7 @@ WITH candidate AS (
 SELECT leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, leased.language,
        leased.source, leased.lease_token, leased.lease_gen, leased.lease_expires_at,
        leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
+       leased.queue_wait_secs,
        (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
 FROM leased JOIN problems p ON p.id = leased.problem_id;
 
@@ -91,7 +93,8 @@ WITH wanted AS (
     FROM pairs
     WHERE s.id = pairs.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
-              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id
+              s.lease_expires_at, s.judge_attempts, pairs.worker_id, pairs.request_id,
+              extract(epoch FROM s.leased_at - s.created_at)::float8 AS queue_wait_secs
 ), granted AS (
     INSERT INTO lease_grants (lease_token, submission_id, lease_gen, worker_id, request_id)
     SELECT lease_token, id, lease_gen, worker_id, request_id FROM leased
@@ -105,6 +108,7 @@ SELECT leased.worker_id, leased.request_id,
        leased.id AS submission_id, leased.problem_id, p.slug AS problem_slug, leased.language,
        leased.source, leased.lease_token, leased.lease_gen, leased.lease_expires_at,
        leased.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
+       leased.queue_wait_secs,
        (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
 FROM leased JOIN problems p ON p.id = leased.problem_id;
 
@@ -135,7 +139,8 @@ WITH decided AS (
     SET status = %(verdict)s, judged_at = now(), lease_expires_at = NULL
     WHERE id = %(submission_id)s AND status = 'judging'
       AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
-    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect, lease_slot
+    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect, lease_slot,
+              extract(epoch FROM now() - leased_at)::float8 AS judging_secs
 ), history AS (
     INSERT INTO submission_judgings
         (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by, data_digest,
@@ -157,7 +162,8 @@ WITH decided AS (
 )
 SELECT (SELECT count(*) FROM decided) AS decided,
        (SELECT max(seq) FROM history) AS seq,
-       (SELECT count(*) FROM xp) AS xp_granted;
+       (SELECT count(*) FROM xp) AS xp_granted,
+       (SELECT judging_secs FROM decided) AS judging_secs;
 
 -- name: find_decision_by_lease
 -- read: did this lease token already decide this submission? (duplicate result)

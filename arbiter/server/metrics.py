@@ -1,4 +1,4 @@
-"""A small Prometheus text-format registry (counters and gauges with labels)."""
+"""A small Prometheus text-format registry (counters, gauges and histograms with labels)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,21 @@ _HELP = {
     "arbiter_canary_duration_seconds": ("gauge", "Submitted-to-decided time of the last decided probe canary"),
     "arbiter_canaries_total": ("counter", "Probe canaries decided, by outcome (as_expected, unexpected)"),
     "arbiter_canaries_forgotten_total": ("counter", "Old decided canaries cleaned up"),
+    "arbiter_verdicts_total": ("counter", "Verdicts recorded from workers (repeats not counted), by verdict and worker"),
+    "arbiter_system_errors_total": ("counter", "Submissions that ended system_error, by cause: attempts (its lease ran "
+                                    "out max_attempts times), releases (handed back max_releases times), worker "
+                                    "(a worker's own verdict)"),
+    "arbiter_judging_seconds": ("histogram", "From a lease's grant to its result (DB time), by worker kind"),
+    "arbiter_queue_wait_seconds": ("histogram", "From submission to its first lease (DB time), by worker kind"),
+    "arbiter_queue_submissions": ("gauge", "Submissions by live status (pending, judging; canaries apart), read from "
+                                  "the database at each scrape"),
+    "arbiter_oldest_pending_seconds": ("gauge", "Age of the oldest pending submission that has never been decided "
+                                       "(0 when none), read from the database at each scrape"),
 }
+
+# Buckets (seconds) of both histograms: from a 50 ms judgement or a parked worker's instant grant to a
+# contest backlog of an hour.
+SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 def _escape(value: str) -> str:
@@ -60,6 +74,21 @@ class Metrics:
         with self._lock:
             self._values[key] = self._values.get(key, 0) + amount
 
+    def observe(self, name: str, value: float, buckets=SECONDS_BUCKETS, **labels) -> None:
+        """One observation of a histogram: its cumulative buckets, sum and count."""
+        base = tuple(sorted(labels.items()))
+        with self._lock:
+            for bound in (*buckets, float("inf")):
+                if value <= bound:
+                    key = (name + "_bucket", tuple(sorted((*base, ("le", _number(bound) if bound != float("inf")
+                                                                      else "+Inf")))))
+                    self._values[key] = self._values.get(key, 0) + 1
+                else:
+                    key = (name + "_bucket", tuple(sorted((*base, ("le", _number(bound))))))
+                    self._values.setdefault(key, 0)
+            self._values[(name + "_sum", base)] = self._values.get((name + "_sum", base), 0) + value
+            self._values[(name + "_count", base)] = self._values.get((name + "_count", base), 0) + 1
+
     def set_gauge(self, name: str, value: float, **labels) -> None:
         with self._lock:
             self._values[(name, tuple(sorted(labels.items())))] = value
@@ -73,15 +102,41 @@ class Metrics:
             items = sorted(self._values.items())
         lines: list[str] = []
         seen: set[str] = set()
-        for (name, labels), value in items:
-            if name not in seen:
-                kind, text = _HELP.get(name, ("untyped", name))
-                lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-                seen.add(name)
+        for (name, labels), value in _histogram_order(items):
+            family = _family(name)
+            if family not in seen:
+                kind, text = _HELP.get(family, ("untyped", family))
+                lines += [f"# HELP {family} {text}", f"# TYPE {family} {kind}"]
+                seen.add(family)
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
             text = _number(value)
             lines.append(f"{name}{{{label_text}}} {text}" if label_text else f"{name} {text}")
         return "\n".join(lines) + "\n"
+
+
+def _family(name: str) -> str:
+    """A histogram's samples (_bucket, _sum, _count) belong to the family its HELP and TYPE name."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and _HELP.get(name[:-len(suffix)], ("",))[0] == "histogram":
+            return name[:-len(suffix)]
+    return name
+
+
+def _bound(labels) -> float:
+    le = dict(labels).get("le")
+    return float("inf") if le in (None, "+Inf") else float(le)
+
+
+def _histogram_order(items):
+    """Samples sorted by family, then labels, with each histogram's buckets in ascending ``le`` (as
+    Prometheus expects them), then its sum and count."""
+    def key(item):
+        (name, labels), _ = item
+        family = _family(name)
+        rest = tuple((k, v) for k, v in labels if k != "le")
+        part = {"_bucket": 0, "_sum": 1, "_count": 2}.get(name[len(family):], 0)
+        return family, rest, part, _bound(labels)
+    return sorted(items, key=key)
 
 
 METRICS = Metrics()

@@ -44,6 +44,8 @@ class Lease:
     comparer: str = "tokens"
     checker_sha256: str | None = None
     data_digest: str | None = None
+    # From the submission to this grant (DB time): the queue wait, for a first lease (lease_gen 1).
+    queue_wait_secs: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +90,7 @@ def _lease_from_row(row: dict[str, Any]) -> Lease:
         comparer=row["comparer"],
         checker_sha256=row["checker_sha256"],
         data_digest=row["data_digest"],
+        queue_wait_secs=row.get("queue_wait_secs"),
     )
 
 
@@ -119,6 +122,7 @@ class ResultRecord:
     verdict: str | None = None
     seq: int | None = None
     xp_granted: bool = False
+    judging_secs: float | None = None  # from the grant to this result (DB time); a first write only
 
 
 class GrantState(enum.Enum):
@@ -333,7 +337,7 @@ def record_result(
     if token is None:
         return ResultRecord(_explain_miss(conn, worker_id, submission_id, None))
     with _atomic(conn):
-        decided, seq, xp = conn.execute(
+        decided, seq, xp, judging_secs = conn.execute(
             Q.record_result,
             {
                 "submission_id": submission_id,
@@ -347,7 +351,7 @@ def record_result(
             },
         ).fetchone()
     if decided:
-        return ResultRecord(WriteOutcome.ACCEPTED, verdict, seq, bool(xp))
+        return ResultRecord(WriteOutcome.ACCEPTED, verdict, seq, bool(xp), judging_secs)
     with conn.cursor(row_factory=dict_row) as cur:
         earlier = cur.execute(Q.find_decision_by_lease, {"submission_id": submission_id, "lease_token": token}).fetchone()
     if earlier is not None:

@@ -20,6 +20,13 @@ def queue(cur) -> dict:
             "decided_estimate": max(total - sum(live.values()) - canaries, 0)}
 
 
+def queue_gauges(cur) -> dict:
+    """What /metrics reads from the database at each scrape: live work by status and the oldest
+    never-decided pending submission's age (two statements on partial indexes)."""
+    live = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
+    return {"queue": live, "oldest_pending_secs": cur.execute(OPS.oldest_pending_age).fetchone()["age_s"]}
+
+
 def snapshot(cur) -> dict:
     """The queue, the leases in flight, the workers and each worker's last canary, as the status
     endpoints and judgectl show them."""

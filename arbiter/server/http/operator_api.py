@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 from arbiter.server.http.base import Resource, json_reply
 from arbiter.server.loops import probes
 from arbiter.server.metrics import METRICS
-from arbiter.store import status
+from arbiter.store import db, status
 
 
 # -- probes, metrics, status -------------------------------------------------------
@@ -31,8 +31,22 @@ class Metrics(Resource):
 
     async def on_get(self, req, resp):
         probes.readiness(self.runtime)  # refreshes the probe gauges
+        if METRICS.get("arbiter_db_up"):
+            try:
+                await self.runtime.db(_queue_gauges, self.runtime)
+            except db.UNAVAILABLE:
+                pass  # arbiter_db_up says so at the next scrape; the rest of the metrics are still worth a reply
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
         resp.text = METRICS.render()
+
+
+def _queue_gauges(runtime) -> None:
+    """From a database thread: the queue's gauges, as the database has them now."""
+    with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        found = status.queue_gauges(cur)
+    for state, count in found["queue"].items():
+        METRICS.set_gauge("arbiter_queue_submissions", count, status=state)
+    METRICS.set_gauge("arbiter_oldest_pending_seconds", round(found["oldest_pending_secs"], 3))
 
 
 def status_snapshot(runtime) -> dict:

@@ -10,7 +10,6 @@ from arbiter.protocol import delivery
 from arbiter.server.http.base import log
 from arbiter.server.metrics import METRICS
 
-
 # A route's field converter ("{submission_id:int(min=1, max=...)}"): left out of the route's label,
 # which names the field only ("/v1/leases/{submission_id}/heartbeat").
 CONVERTER = re.compile(r"\{(\w+):[^}]*\}")

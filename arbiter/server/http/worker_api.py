@@ -14,7 +14,7 @@ import math
 
 import falcon
 
-from arbiter.protocol.vocabulary import LANGUAGES, VERDICTS
+from arbiter.protocol.vocabulary import LANGUAGES, VERDICTS, VerdictCode
 from arbiter.server.http.base import CLIENT_GONE, DIGEST, REQUEST_ID, Resource, field, json_reply, log, unavailable
 from arbiter.server.loops.tickets import Overloaded, Stopping, Ticket, TooManyParked
 from arbiter.server.metrics import METRICS
@@ -227,6 +227,8 @@ class Release(Resource):
         result = await self.db(leases.release, worker_id=worker.worker_id, submission_id=submission_id,
                                lease_token=token, reason=reason, max_releases=self.settings.max_releases)
         METRICS.inc("arbiter_releases_total", outcome=result.outcome.value)
+        if result.outcome is WriteOutcome.ACCEPTED and result.status == VerdictCode.system_error:
+            METRICS.inc("arbiter_system_errors_total", cause="releases")
         if result.outcome is not WriteOutcome.ACCEPTED:
             raise _outcome_error(result.outcome, "release")
         log.info("lease released", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
@@ -263,6 +265,12 @@ class Result(Resource):
                                lease_token=token, verdict=verdict, time_ms=time_ms, memory_kb=memory_kb,
                                detail=detail, data_digest=data_digest)
         METRICS.inc("arbiter_results_total", outcome=record.outcome.value)
+        if record.outcome is WriteOutcome.ACCEPTED:
+            METRICS.inc("arbiter_verdicts_total", verdict=verdict, worker=worker.worker_id)
+            if verdict == VerdictCode.system_error:
+                METRICS.inc("arbiter_system_errors_total", cause="worker")
+            if record.judging_secs is not None:
+                METRICS.observe("arbiter_judging_seconds", record.judging_secs, kind=worker.kind)
         if record.outcome not in (WriteOutcome.ACCEPTED, WriteOutcome.DUPLICATE):
             log.info("result refused", extra={"submission_id": submission_id, "worker_id": worker.worker_id,
                                               "outcome": record.outcome.value})

@@ -352,13 +352,21 @@ class Dispatcher:
         for ticket in matching:
             lease = granted.get(ticket.key)
             if lease is not None:
-                self._granted(ticket.worker.worker_id, lease)
-                METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
-                log.info("lease granted", extra={"submission_id": lease.submission_id,
-                                                 "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
+                self._announce(ticket, lease)
         if retry_alone:
             return sum(self._match(conn, t, None) is not None for t in matching), len(matching)
         return len(granted), len(matching)
+
+    def _announce(self, ticket: Ticket, lease: leases.Lease) -> None:
+        """A lease the database granted to this ticket: the janitor is told, the metrics and the log."""
+        self._granted(ticket.worker.worker_id, lease)
+        METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
+        if lease.lease_gen == 1 and lease.queue_wait_secs is not None:
+            # A first lease: the time from the submission to it is the queue's wait (a rejudged or
+            # reclaimed submission's would count its earlier judgings too).
+            METRICS.observe("arbiter_queue_wait_seconds", lease.queue_wait_secs, kind=ticket.worker.kind)
+        log.info("lease granted", extra={"submission_id": lease.submission_id,
+                                         "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
 
     def _match(self, conn: psycopg.Connection, ticket: Ticket, legacy: leases.LegacyRules | None) -> leases.Lease | None:
         if not self.lot.begin_match(ticket):
@@ -378,10 +386,7 @@ class Dispatcher:
             )
             if lease is not None:
                 faults.after_commit()
-                self._granted(ticket.worker.worker_id, lease)
-                METRICS.inc("arbiter_leases_granted_total", kind=ticket.worker.kind)
-                log.info("lease granted", extra={"submission_id": lease.submission_id,
-                                                 "worker_id": ticket.worker.worker_id, "lease_gen": lease.lease_gen})
+                self._announce(ticket, lease)
         except psycopg.errors.UniqueViolation:
             # The same request_id was served concurrently (e.g. by another arbiter): hand out that lease.
             found = leases.find_grant(conn, ticket.worker.worker_id, ticket.request_id)

@@ -50,6 +50,8 @@ class Janitor:
         # Series exist from the start, at 0: an alert on their increase sees the first one.
         for outcome in ("pending", "system_error"):
             METRICS.inc("arbiter_leases_reclaimed_total", 0, outcome=outcome)
+        for cause in ("attempts", "releases", "worker"):
+            METRICS.inc("arbiter_system_errors_total", 0, cause=cause)
         METRICS.inc("arbiter_grace_periods_total", 0)
         METRICS.inc("arbiter_canaries_forgotten_total", 0)
 
@@ -121,6 +123,8 @@ class Janitor:
         reclaimed = leases.reclaim_expired(self._conn, max_attempts=self.settings.max_attempts)
         for item in reclaimed:
             METRICS.inc("arbiter_leases_reclaimed_total", outcome=item.new_status)
+            if item.new_status == "system_error":
+                METRICS.inc("arbiter_system_errors_total", cause="attempts")
             log.warning("lease expired", extra={"submission_id": item.submission_id, "worker_id": item.worker_id,
                                                 "new_status": item.new_status})
         return reclaimed
