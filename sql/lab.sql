@@ -33,3 +33,16 @@ FROM submissions WHERE canary_expect IS NOT NULL AND status NOT IN ('pending', '
 -- name: first_grant_after
 -- When the first lease after a moment (epoch seconds) was granted, by the database's clock (--ha).
 SELECT extract(epoch FROM min(granted_at))::float8 FROM lease_grants WHERE granted_at > to_timestamp(%(at)s);
+
+-- name: progress_more
+-- What the progress line adds: the lab's submissions decided at least once (a rejudge sends one back
+-- to the queue, but never takes its decision back: this count never goes down), its decisions so far
+-- (for the throughput), whether any worker has taken a lease yet, the oldest waiting one's age.
+SELECT (SELECT count(DISTINCT j.submission_id) FROM submission_judgings j
+        JOIN submissions s ON s.id = j.submission_id WHERE s.canary_expect IS NULL) AS ever_decided,
+       (SELECT count(*) FROM submission_judgings j
+        JOIN submissions s ON s.id = j.submission_id WHERE s.canary_expect IS NULL) AS decisions,
+       EXISTS (SELECT 1 FROM lease_grants g JOIN submissions s ON s.id = g.submission_id
+               WHERE s.canary_expect IS NULL) AS any_lease,
+       coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM submissions
+                 WHERE status = 'pending' AND canary_expect IS NULL), 0) AS oldest_pending_s;

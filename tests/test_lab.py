@@ -82,3 +82,54 @@ def test_lab_ha_fails_the_database_over_and_the_arbiter_and_loses_nothing(lab_di
     toml = (lab_dir / "home-1" / "worker.toml").read_text()
     assert toml.count("https://127.0.0.1:") == 2, "workers list both arbiters"
     assert "target_session_attrs=read-write" in (lab_dir / "arbiter-1.toml").read_text()
+
+
+def test_lab_keep_leaves_the_site_running_for_judgectl_and_the_status_page_until_ctrl_c(lab_dir):
+    import os
+    import signal
+    import ssl
+    import time
+    import urllib.request
+
+    lab = subprocess.Popen([sys.executable, "-u", "-m", "arbiter.lab.run", "--dir", str(lab_dir), "--copies", "1",
+                            "--keep"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("lab: Ctrl-C stops everything") for line in said):
+            assert lab.poll() is None and time.monotonic() < deadline, "".join(said)[-3000:]
+            said.append(lab.stdout.readline())
+        text = "".join(said)
+        assert "11 submissions, 11 with the expected verdict" in text, text[-3000:]
+        # The progress line shows throughput; the done count is what was decided at least once.
+        assert re.search(r"done \d+/11 +\d+\.\d verdicts/s", text), text[-3000:]
+        url = re.search(r"Status page: (https://\S+/status) \(the lab's CA: (\S+)\)", text)
+        dsn = re.search(r"export JUDGE_DSN='([^']+)'", text)
+        assert url and dsn, text[-2000:]
+        context = ssl.create_default_context(cafile=url.group(2))
+        with urllib.request.urlopen(url.group(1), timeout=10, context=context) as page:
+            assert page.status == 200 and "judge-arbiter" in page.read().decode()
+        listed = subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "submission", "list", "--limit", "100"],
+                                capture_output=True, text=True, timeout=60, env=dict(os.environ, JUDGE_DSN=dsn.group(1)))
+        assert listed.returncode == 0 and "11 submission(s)" in listed.stdout, listed.stdout + listed.stderr
+        lab.send_signal(signal.SIGINT)
+        assert lab.wait(60) == 0
+    finally:
+        if lab.poll() is None:
+            lab.kill()
+            lab.wait(30)
+    left = subprocess.run(["pgrep", "-f", str(lab_dir)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"the lab left processes running: {left}"
+
+
+def test_a_failed_lab_run_keeps_its_directory_and_says_where():
+    result = subprocess.run([sys.executable, "-m", "arbiter.lab.run", "--copies", "1", "--timeout", "0.5"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    kept = re.search(r"lab: the run failed; its directory and logs stay in (\S+) ", result.stderr)
+    assert kept, result.stderr[-2000:]
+    try:
+        assert (Path(kept.group(1)) / "supervisord.log").exists()
+        assert "lab: timed out" in result.stderr
+    finally:
+        shutil.rmtree(kept.group(1), ignore_errors=True)

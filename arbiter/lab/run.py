@@ -315,11 +315,12 @@ class Lab:
         self.rejudged.update(ids)
         return len(ids)
 
-    def progress(self, conn) -> tuple[dict, dict]:
+    def progress(self, conn) -> tuple[dict, dict, tuple]:
         # The lab's own submissions only: the arbiter's canary probe adds canaries to the same table.
         counts = dict(conn.execute(LAB.progress_by_status).fetchall())
         per_worker = dict(conn.execute(LAB.judging_by_worker).fetchall())
-        return counts, per_worker
+        more = conn.execute(LAB.progress_more).fetchone()
+        return counts, per_worker, more
 
     def stop(self) -> None:
         try:
@@ -347,12 +348,16 @@ def main(argv: list[str] | None = None) -> int:
                         "kill the database primary, then the leading arbiter, during the run")
     parser.add_argument("--dir", help="lab directory (default: a new temporary one)")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--keep", action="store_true",
+                        help="after the summary, leave the site running (status page, database, workers) and "
+                             "print how to reach it, until Ctrl-C")
     args = parser.parse_args(argv)
     base = Path(args.dir or tempfile.mkdtemp(prefix="judge-lab-"))
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # the postgres user and the sandbox uid must reach their subdirectories
     lab = Lab(base, args.copies, args.chaos, args.ha)
     interrupted = False
+    failed = True  # until the summary says otherwise: a failed run keeps its directory and logs
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt
@@ -363,19 +368,25 @@ def main(argv: list[str] | None = None) -> int:
         lab.store_test_data()
         started = time.monotonic()
         print(f"{len(expected)} submissions queued; arbiter at {lab.url}/status (the lab's CA: {lab.ca_file})")
+        print(f"database: {lab.dsn}")
         conn = None
         while True:
             try:
                 if conn is None:
                     conn = psycopg.connect(lab.dsn, autocommit=True, connect_timeout=3)
-                counts, per_worker = lab.progress(conn)
+                counts, per_worker, (ever_decided, decisions, any_lease, oldest_s) = lab.progress(conn)
                 queued = counts.get("pending", 0)
                 judging = counts.get("judging", 0)
                 done = sum(v for k, v in counts.items() if k not in ("pending", "judging"))
                 verdicts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()) if k not in ("pending", "judging"))
                 leases_text = " ".join(f"{w}:{n}" for w, n in sorted(per_worker.items())) or "-"
-                print(f"\r[{time.monotonic() - started:5.1f}s] queue {queued:3d}  judging {judging:2d} "
-                      f"(leases {leases_text})  done {done}/{len(expected)}  {verdicts}"
+                elapsed = time.monotonic() - started
+                # "done" counts what was decided at least once: a rejudge sends a submission back to
+                # the queue (counted there) but never takes its decision back.
+                state = (f"queue {queued:3d} (oldest {oldest_s:4.1f}s)  judging {judging:2d} (leases {leases_text})"
+                         if any_lease or not queued else f"queue {queued:3d}  waiting for workers")
+                print(f"\r[{elapsed:5.1f}s] {state}  done {ever_decided}/{len(expected)}  "
+                      f"{decisions / max(elapsed, 0.1):4.1f} verdicts/s  {verdicts}"
                       + (f"  kills {lab.kills}" if args.chaos else "") + "   ", end="", flush=True)
                 if lab.ha:
                     lab.ha_step(conn, done, len(expected), time.monotonic() - started)
@@ -423,15 +434,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"canaries of the arbiter's probe: {canaries[0]} of {canaries[1]} as expected")
         for line in lab.ha_report:
             print(line)
-        return 0 if wrong == 0 and twice == 0 and stale == 0 and canaries[0] == canaries[1] else 1
+        failed = not (wrong == 0 and twice == 0 and stale == 0 and canaries[0] == canaries[1])
+        if args.keep:
+            keep_running(lab)
+        return 1 if failed else 0
     except KeyboardInterrupt:
         interrupted = True
         print("\nlab: stopping")
         return 130
     finally:
         lab.stop()
-        if not interrupted and not args.dir:
+        if failed and not interrupted:
+            print(f"lab: the run failed; its directory and logs stay in {base} "
+                  "(supervisord.log, arbiter.log, each worker's worker.log)", file=sys.stderr)
+        elif not interrupted and not args.dir:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def keep_running(lab: Lab) -> None:
+    """--keep: the site stays up for exploring until Ctrl-C (or SIGTERM), then stops as usual."""
+    print(f"\nlab: kept running. Status page: {lab.url}/status (the lab's CA: {lab.ca_file})")
+    print(f"lab: for judgectl: export JUDGE_DSN='{lab.dsn}'")
+    print("lab: Ctrl-C stops everything", flush=True)
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        print("\nlab: stopping", flush=True)
 
 
 if __name__ == "__main__":
