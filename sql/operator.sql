@@ -266,3 +266,23 @@ SELECT coalesce((
     WHERE s.status = 'pending' AND s.canary_expect IS NULL
       AND NOT EXISTS (SELECT 1 FROM submission_judgings j WHERE j.submission_id = s.id)
     ORDER BY s.id LIMIT 1), 0) AS age_s;
+
+-- name: status_verdicts_last_hour
+-- Decisions per minute over the last hour (DB time) by verdict, canaries left out. Read from the
+-- newest judgings backwards (the primary key's order is the order they were written), at most the
+-- last 100,000: the page costs what the recent work costs, never the history.
+SELECT floor(extract(epoch FROM now() - j.created_at) / 60)::int AS minutes_ago, j.verdict, count(*) AS count
+FROM (SELECT submission_id, created_at, verdict FROM submission_judgings ORDER BY id DESC LIMIT 100000) j
+JOIN submissions s ON s.id = j.submission_id
+WHERE j.created_at >= now() - interval '1 hour' AND s.canary_expect IS NULL
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: status_recent_system_errors
+-- The last ten system_errors within the same window: which submission, who decided (a worker, or
+-- the janitor when the lease ran out at the last attempt), why, how long ago.
+SELECT j.submission_id, j.worker_id, j.decided_by, coalesce(j.detail->>'reason', '') AS reason,
+       round(extract(epoch FROM now() - j.created_at)::numeric, 0)::float AS ago_s
+FROM submission_judgings j
+WHERE j.verdict = 'system_error'
+  AND j.id >= coalesce((SELECT min(id) FROM (SELECT id FROM submission_judgings ORDER BY id DESC LIMIT 100000) r), 0)
+ORDER BY j.id DESC LIMIT 10;

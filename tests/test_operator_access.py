@@ -124,4 +124,4 @@ def test_status_counts_live_work_exactly_and_the_history_as_an_estimate(db, arbi
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["queue"] == {"pending": 3, "judging": 0}
     page = a.get("/status")[1]
-    assert "decided (estimate)" in page and "~200" in page
+    assert "decided, all time (the planner&#x27;s estimate)" in page and "~200" in page

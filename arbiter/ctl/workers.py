@@ -13,7 +13,7 @@ from arbiter.ctl.common import OPS, CtlError, InputError, read_secret_arg
 from arbiter.protocol.vocabulary import LANGUAGES
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
-from arbiter.store import credentials
+from arbiter.store import credentials, status
 
 # How long a replaced worker credential stays valid: time to roll the new one out to the worker.
 DEFAULT_OVERLAP_SECS = 3600.0
@@ -42,9 +42,6 @@ def _overlap_secs(value: float) -> float:
     return value
 
 MAX_SLOTS = 256
-# A worker not heard from for this long is "silent" in worker list: two of its long-polls (25 s each,
-# the worker's default) without a word.
-SILENT_AFTER_SECS = 60.0
 
 def _slots(value: int) -> int:
     if not 1 <= value <= MAX_SLOTS:
@@ -110,15 +107,8 @@ def cmd_worker_list(args, conn) -> int:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(OPS.status_workers).fetchall()
     for row in rows:
+        state = status.worker_state(row)
         seen = row["last_seen_ago_s"]
-        if row["revoked"]:
-            state = "revoked"
-        elif row["leases"]:
-            state = "busy"
-        elif seen is not None and seen <= SILENT_AFTER_SECS:
-            state = "idle"
-        else:
-            state = "silent"
         heard = "never" if seen is None else f"{seen:.0f}s ago"
         print(f"{row['worker_id']:<16} {row['kind']:<10} {state:<8} leases {row['leases']}/{row['slots']:<3} "
               f"last heard {heard:<10} languages {','.join(row['languages'])}")

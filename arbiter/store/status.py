@@ -27,9 +27,34 @@ def queue_gauges(cur) -> dict:
     return {"queue": live, "oldest_pending_secs": cur.execute(OPS.oldest_pending_age).fetchone()["age_s"]}
 
 
+# A worker not heard from for this long is "silent": two of its long-polls (25 s each, the worker's
+# default) without a word.
+SILENT_AFTER_SECS = 60.0
+
+
+def worker_state(row: dict) -> str:
+    """busy (holds leases), idle (heard from lately), silent, or revoked: as judgectl and /status say."""
+    if row["revoked"]:
+        return "revoked"
+    if row["leases"]:
+        return "busy"
+    seen = row["last_seen_ago_s"]
+    return "idle" if seen is not None and seen <= SILENT_AFTER_SECS else "silent"
+
+
 def snapshot(cur) -> dict:
     """The queue, the leases in flight, the workers and each worker's last canary, as the status
     endpoints and judgectl show them."""
-    return {**queue(cur), "leases": cur.execute(OPS.status_leases).fetchall(),
-            "workers": cur.execute(OPS.status_workers).fetchall(),
+    workers = cur.execute(OPS.status_workers).fetchall()
+    for row in workers:
+        row["state"] = worker_state(row)
+    return {**queue(cur), "leases": cur.execute(OPS.status_leases).fetchall(), "workers": workers,
             "last_canaries": cur.execute(OPS.status_last_canaries).fetchall()}
+
+
+def contest_view(cur) -> dict:
+    """What the status page adds for contest day: the oldest waiting age, decisions per minute over
+    the last hour, the recent system_errors (each O(recent work))."""
+    return {"oldest_pending_secs": cur.execute(OPS.oldest_pending_age).fetchone()["age_s"],
+            "verdicts_last_hour": cur.execute(OPS.status_verdicts_last_hour).fetchall(),
+            "recent_system_errors": cur.execute(OPS.status_recent_system_errors).fetchall()}

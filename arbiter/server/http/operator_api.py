@@ -4,6 +4,7 @@ status (JSON for judgectl, a page for people) and the OpenAPI description."""
 from __future__ import annotations
 
 import json
+import time
 
 import falcon
 from psycopg.rows import dict_row
@@ -49,12 +50,44 @@ def _queue_gauges(runtime) -> None:
     METRICS.set_gauge("arbiter_oldest_pending_seconds", round(found["oldest_pending_secs"], 3))
 
 
-def status_snapshot(runtime) -> dict:
-    """From a database thread."""
+def status_snapshot(runtime, contest: bool = False) -> dict:
+    """From a database thread. ``contest``: the status page's contest-day view too (its alerts)."""
     with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         site = status.snapshot(cur)
+        if contest:
+            site.update(status.contest_view(cur))
     _, ready = probes.readiness(runtime)
-    return {"arbiter": ready, **site}
+    site = {"arbiter": ready, **site}
+    if contest:
+        site["alerts"] = alerts(runtime, site)
+    return site
+
+
+# The same thresholds as the alert rules (ansible/files/prometheus/judge-arbiter.rules.yml).
+BACKLOG_SECS = 180
+SYSTEM_ERROR_WINDOW_MINUTES = 15
+
+
+def alerts(runtime, site: dict) -> list[str]:
+    """The alert conditions this arbiter can see for itself, each named as its Prometheus rule."""
+    found = []
+    ready = site["arbiter"]
+    if not ready["db_up"]:
+        found.append("JudgeArbiterDatabaseUnreachable: this arbiter cannot reach PostgreSQL")
+    if ready["stuck_alert"]:
+        found.append("JudgeDispatchStuck: work and a waiting worker unmatched")
+    if site["oldest_pending_secs"] > BACKLOG_SECS:
+        found.append(f"JudgeBacklog: the oldest waiting submission has waited {site['oldest_pending_secs']:.0f} s")
+    errors = sum(row["count"] for row in site["verdicts_last_hour"]
+                 if row["verdict"] == "system_error" and row["minutes_ago"] < SYSTEM_ERROR_WINDOW_MINUTES)
+    if errors:
+        found.append(f"JudgeSubmissionSystemError: {errors} submission(s) ended system_error in the last "
+                     f"{SYSTEM_ERROR_WINDOW_MINUTES} min")
+    interval = runtime.settings.canary_interval_secs
+    last = METRICS.get("arbiter_canary_last_success_timestamp_seconds")
+    if interval > 0 and last > 0 and time.time() - last > 3 * interval:
+        found.append(f"JudgeCanaryFailing: no canary judged right for {time.time() - last:.0f} s")
+    return found
 
 
 async def _status_snapshot(runtime) -> dict:
@@ -75,7 +108,7 @@ class StatusPage(Resource):
         from arbiter.server.http.status_page import render
 
         resp.content_type = falcon.MEDIA_HTML
-        resp.text = render(await _status_snapshot(self.runtime))
+        resp.text = render(await self.runtime.db(status_snapshot, self.runtime, True))
 
 
 class OpenApi(Resource):
