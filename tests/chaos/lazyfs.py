@@ -58,8 +58,11 @@ def _operations():
         def _image(self, real: str) -> bytearray:
             """The file as its writers see it, copied from the backing file on first change."""
             if real not in self.unsynced:
-                with open(real, "rb") as backing:
-                    self.unsynced[real] = bytearray(backing.read())
+                try:
+                    with open(real, "rb") as backing:
+                        self.unsynced[real] = bytearray(backing.read())
+                except OSError as exc:
+                    raise fail(exc) from None
             return self.unsynced[real]
 
         def forget(self) -> int:
@@ -161,10 +164,7 @@ def _operations():
         def write(self, path, data, offset, fh):
             real = self._real(path)
             with self.mutex:
-                try:
-                    image = self._image(real)
-                except OSError as exc:
-                    raise fail(exc) from None
+                image = self._image(real)
                 if len(image) < offset:
                     image.extend(b"\0" * (offset - len(image)))
                 image[offset:offset + len(data)] = data
@@ -173,10 +173,7 @@ def _operations():
         def truncate(self, path, length, fh=None):
             real = self._real(path)
             with self.mutex:
-                try:
-                    image = self._image(real)
-                except OSError as exc:
-                    raise fail(exc) from None
+                image = self._image(real)
                 del image[length:]
                 image.extend(b"\0" * (length - len(image)))
 
