@@ -93,3 +93,30 @@ def test_a_full_disk_refuses_the_write_whole_and_leaves_nothing_half_written(tmp
         assert [e.submission_id for _, e in box.pending()] == [5]
     finally:
         subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs")
+def test_a_read_only_disk_keeps_delivered_entries_for_a_later_pass_and_raises_nothing(tmp_path, caplog):
+    """Seen in the 2,000-fault chaos run: a result delivered while the outbox's disk was read-only
+    could not be removed, and the OSError ended the slot's thread ("Exception in thread slot-0").
+    Now clear() says False, the entry is sent again on a later pass (the arbiter answers a repeat
+    as the first time), and nothing of the outbox raises for a disk that refuses."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        box = Outbox(disk / "outbox")
+        delivered = box.put(Entry("arbiter", 5, "AC", lease_token="t", lease_gen=1))
+        refused = box.put(Entry("arbiter", 6, "WA", lease_token="u", lease_gen=1))
+        (box.directory / ".000-9-x.json.tmp").write_text('{"half": ')
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        assert box.clear(delivered) is False
+        box.reject(refused, "HTTP 422")
+        assert [e.submission_id for _, e in box.pending()] == [5, 6], "both kept for the next pass"
+        assert "a delivered result stays in the outbox" in caplog.text
+        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        assert box.clear(delivered) is True
+        assert [e.submission_id for _, e in box.pending()] == [6]
+        assert not list(box.directory.glob(".*.tmp")), "the incomplete write goes once the disk allows"
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)

@@ -166,7 +166,10 @@ class Worker:
     def _run_slot(self, slot: JudgeSlot) -> None:
         # What the outbox held at start is delivered before any slot asks for work (one slot delivers,
         # the others wait for it); a stop meanwhile leaves it for the next start.
-        self.deliver_outbox()
+        try:
+            self.deliver_outbox()
+        except Exception:  # noqa: BLE001 - a bug here must not end the slot's thread: its loop delivers again
+            log.exception("delivering the outbox at start failed", extra=slot.tag)
         slot.run()
 
     def run(self, stop_signals: StopSignals | None = None, watch_secs: float = 0.5) -> int:

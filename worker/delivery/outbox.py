@@ -112,15 +112,19 @@ class Outbox:
     def _pending(self) -> list[tuple[Path, Entry]]:
         for stale in self.directory.glob(".*.tmp"):
             # A crash between write and rename: the result was never complete, so it was never acknowledged.
-            log.warning("removing incomplete outbox write", extra={"file": stale.name})
-            stale.unlink(missing_ok=True)
+            try:
+                stale.unlink(missing_ok=True)
+                log.warning("removed an incomplete outbox write", extra={"file": stale.name})
+            except OSError as exc:  # a read-only disk: harmless (never read), removed on a later pass
+                log.warning("cannot remove an incomplete outbox write yet", extra={"file": stale.name,
+                                                                                   "error": str(exc)[:200]})
         entries = []
         for path in sorted(self.directory.glob("*.json")):
             try:
                 entry = _read_entry(path)
             except (ValueError, TypeError, UnicodeDecodeError) as exc:
-                self._move(path, self.corrupt_dir)
-                log.error("corrupt outbox file moved aside", extra={"file": path.name, "error": str(exc)[:200]})
+                if self._try_move(path, self.corrupt_dir):
+                    log.error("corrupt outbox file moved aside", extra={"file": path.name, "error": str(exc)[:200]})
                 continue
             entries.append((path, entry))
         return entries
@@ -142,14 +146,33 @@ class Outbox:
                 found.append((path, None))
         return found
 
-    def clear(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
-        _fsync_dir(path.parent)
+    def clear(self, path: Path) -> bool:
+        """Forget a delivered entry. A disk that refuses (read-only, failing) keeps it: False, and it is
+        sent again on a later pass, where the arbiter answers a repeat as the first time (or 410)."""
+        try:
+            path.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            log.warning("a delivered result stays in the outbox: its disk refused the removal; it is sent "
+                        "again later and answered as before", extra={"file": path.name, "error": str(exc)[:200]})
+            return False
+        return True
 
     def reject(self, path: Path, reason: str) -> None:
         """Keep an entry that can never be delivered (a bug, not an outage) for an operator to look at."""
-        self._move(path, self.rejected_dir)
-        log.error("outbox entry rejected", extra={"file": path.name, "reason": reason})
+        if self._try_move(path, self.rejected_dir):
+            log.error("outbox entry rejected", extra={"file": path.name, "reason": reason})
+
+    def _try_move(self, path: Path, directory: Path) -> bool:
+        """_move, or where the disk refuses it: the entry stays where it is (and is looked at again on
+        the next pass); the refusal is logged, never raised into the slot that delivers."""
+        try:
+            self._move(path, directory)
+        except OSError as exc:
+            log.error("cannot move an outbox entry aside: its disk refused; it stays for the next pass",
+                      extra={"file": path.name, "to": directory.name, "error": str(exc)[:200]})
+            return False
+        return True
 
     def _move(self, path: Path, directory: Path) -> None:
         directory.mkdir(exist_ok=True, mode=0o700)
