@@ -263,3 +263,11 @@ def test_a_clock_stepped_back_does_not_silence_the_notice_to_gunicorn():
     assert len(notices) == 1
     asyncio.run(server.on_tick(10))  # a second later, the clock true: no second notice within timeout_notify
     assert len(notices) == 1
+
+
+def test_the_arbiter_opens_no_gunicorn_control_socket(db, arbiters):
+    """gunicorn 25.1+ would open ~/.gunicorn/gunicorn.ctl for gunicornc: one path for every arbiter on
+    the host (the second takes it from the first), and a way into the process nothing here needs."""
+    a = arbiters.start(db.dsn)
+    log = a.log_text()
+    assert "Listening at" in log and "Control socket" not in log, log[:2000]

@@ -29,6 +29,10 @@ timeout = 60
 # A stop answers parked long-polls at once; this bounds the requests in flight.
 graceful_timeout = 10
 keepalive = 75
+# gunicorn 25.1+ opens a control socket for gunicornc at one path per user (~/.gunicorn/gunicorn.ctl):
+# nothing here uses it, every arbiter on a host would take it from the one before, and it is one more
+# way into a running process.
+control_socket_disable = True
 accesslog = None  # the app logs every request as JSON
 errorlog = "-"
 loglevel = os.environ.get("JUDGE_ARBITER_LOGLEVEL", "info")
