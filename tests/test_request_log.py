@@ -73,3 +73,33 @@ def test_a_route_label_names_the_field_not_its_converter():
     assert "/v1/leases/{submission_id}/heartbeat" in labels
     assert not any(":" in label or "(" in label for label in labels), labels
     assert route_label(None) == "unmatched"
+
+
+def test_with_the_database_down_a_route_gets_503_under_its_own_name_and_no_route_gets_404(own_cluster, arbiters):
+    """The database gate answers after routing: its 503 is counted under the route it refused
+    (it was "unmatched"), and a path that names no route is a 404 whatever the database does."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from support.procs import wait_for
+
+    a = arbiters.start(own_cluster.judge_dsn)
+    own_cluster.stop("immediate")
+    try:
+        wait_for(lambda: a.get("/readyz")[1] and a.get("/readyz")[1].get("db_up") is False, 30, 0.2,
+                 "the arbiter to see the database down")
+        answers = {}
+        for path in ("/v1/leases/7/heartbeat", "/v1/nowhere"):
+            request = urllib.request.Request(a.url + path, data=json.dumps({"lease_token": "x"}).encode(),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+            try:
+                urllib.request.urlopen(request, timeout=10)
+            except urllib.error.HTTPError as refused:
+                answers[path] = refused.code
+        assert answers == {"/v1/leases/7/heartbeat": 503, "/v1/nowhere": 404}, answers
+        text = a.get("/metrics")[1]
+        assert 'arbiter_requests_total{route="/v1/leases/{submission_id}/heartbeat",status="503"} 1' in text, text
+        assert 'arbiter_requests_total{route="unmatched",status="404"} 1' in text
+    finally:
+        own_cluster.start()

@@ -28,13 +28,15 @@ DATABASE_RETRY_SECS = 1
 
 
 class DatabaseGate:
-    """While the database is known to be down, every DB-backed request gets 503 at once."""
+    """While the database is known to be down, every DB-backed request gets 503 at once. After
+    routing: a path that names no route is a 404 whatever the database does, and the request's
+    route is known to its metric and log line."""
 
     def __init__(self, runtime):
         self.runtime = runtime
 
-    async def process_request(self, req, resp):
-        if req.path not in _DB_FREE and not self.runtime.health.up:
+    async def process_resource(self, req, resp, resource, params):
+        if resource is not None and req.path not in _DB_FREE and not self.runtime.health.up:
             raise falcon.HTTPServiceUnavailable(title="unavailable", description="database unreachable",
                                                 retry_after=DATABASE_RETRY_SECS)
 
