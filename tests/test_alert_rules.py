@@ -1,4 +1,5 @@
-"""The Prometheus alert rules: promtool checks them and runs their unit tests; the metrics they use exist."""
+"""The Prometheus alert rules and the Grafana dashboard: promtool checks the rules (and runs their unit
+tests) and every dashboard expression; every metric either names is exported by a running arbiter."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 RULES = Path(__file__).resolve().parent.parent / "ansible" / "files" / "prometheus"
+DASHBOARD = RULES.parent / "grafana" / "judge-arbiter.dashboard.json"
 promtool = shutil.which("promtool")
 
 
@@ -41,3 +43,37 @@ def test_every_runbook_link_points_at_a_section_that_exists():
                for h in re.findall(r"^#+ (.+)$", runbook, re.MULTILINE)}
     links = set(re.findall(r"docs/runbook\.md#([a-z0-9-]+)", (RULES / "judge-arbiter.rules.yml").read_text()))
     assert links and links <= anchors, f"broken runbook links: {sorted(links - anchors)}"
+
+
+def dashboard_exprs() -> list[str]:
+    import json
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+@pytest.mark.skipif(promtool is None, reason="promtool not installed (Debian package prometheus)")
+def test_every_dashboard_expression_is_valid_promql(tmp_path):
+    """Each panel's query as a recording rule: promtool parses it as Prometheus would."""
+    import json
+
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 12
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:panel_{i}", "expr": e}
+                                                        for i, e in enumerate(exprs)]}]}
+    (tmp_path / "dashboard.rules.yml").write_text(json.dumps(rules))  # JSON is YAML
+    check = subprocess.run([promtool, "check", "rules", "dashboard.rules.yml"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_every_metric_the_dashboard_names_is_exported_by_a_running_arbiter(db, arbiters):
+    used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in dashboard_exprs()
+            for m in re.findall(r"\b(arbiter_[a-z_]+)", e)}
+    assert {"arbiter_queue_submissions", "arbiter_oldest_pending_seconds", "arbiter_verdicts_total",
+            "arbiter_queue_wait_seconds", "arbiter_judging_seconds", "arbiter_workers"} <= used
+    a = arbiters.start(db.dsn)
+    status, text = a.get("/metrics")
+    assert status == 200
+    exported = set(re.findall(r"^# TYPE (arbiter_[a-z_]+) ", text, re.MULTILINE))
+    assert used <= exported, f"the dashboard uses metrics the arbiter does not export: {sorted(used - exported)}"

@@ -45,6 +45,8 @@ _HELP = {
                                   "the database at each scrape"),
     "arbiter_oldest_pending_seconds": ("gauge", "Age of the oldest pending submission that has never been decided "
                                        "(0 when none), read from the database at each scrape"),
+    "arbiter_workers": ("gauge", "Registered workers by state (busy: holds leases; idle: heard from within 60 s; "
+                        "silent; revoked), read from the database at each scrape"),
 }
 
 # Buckets (seconds) of both histograms: from a 50 ms judgement or a parked worker's instant grant to a
@@ -111,6 +113,11 @@ class Metrics:
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
             text = _number(value)
             lines.append(f"{name}{{{label_text}}} {text}" if label_text else f"{name} {text}")
+        # Every family this arbiter can export is declared from the start, with no sample until it
+        # has one (a verdict, a first lease): dashboards and rules can be checked against the list.
+        for family in sorted(set(_HELP) - seen):
+            kind, text = _HELP[family]
+            lines += [f"# HELP {family} {text}", f"# TYPE {family} {kind}"]
         return "\n".join(lines) + "\n"
 
 

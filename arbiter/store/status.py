@@ -20,11 +20,18 @@ def queue(cur) -> dict:
             "decided_estimate": max(total - sum(live.values()) - canaries, 0)}
 
 
+WORKER_STATES = ("busy", "idle", "silent", "revoked")
+
+
 def queue_gauges(cur) -> dict:
-    """What /metrics reads from the database at each scrape: live work by status and the oldest
-    never-decided pending submission's age (two statements on partial indexes)."""
+    """What /metrics reads from the database at each scrape: live work by status, the oldest
+    never-decided pending submission's age (partial indexes) and the workers by state (one row each)."""
     live = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
-    return {"queue": live, "oldest_pending_secs": cur.execute(OPS.oldest_pending_age).fetchone()["age_s"]}
+    workers = dict.fromkeys(WORKER_STATES, 0)
+    for row in cur.execute(OPS.status_workers).fetchall():
+        workers[worker_state(row)] += 1
+    return {"queue": live, "oldest_pending_secs": cur.execute(OPS.oldest_pending_age).fetchone()["age_s"],
+            "workers": workers}
 
 
 # A worker not heard from for this long is "silent": two of its long-polls (25 s each, the worker's

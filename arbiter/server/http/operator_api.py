@@ -48,6 +48,8 @@ def _queue_gauges(runtime) -> None:
     for state, count in found["queue"].items():
         METRICS.set_gauge("arbiter_queue_submissions", count, status=state)
     METRICS.set_gauge("arbiter_oldest_pending_seconds", round(found["oldest_pending_secs"], 3))
+    for state, count in found["workers"].items():
+        METRICS.set_gauge("arbiter_workers", count, state=state)
 
 
 def status_snapshot(runtime, contest: bool = False) -> dict:
