@@ -286,3 +286,7 @@ FROM submission_judgings j
 WHERE j.verdict = 'system_error'
   AND j.id >= coalesce((SELECT min(id) FROM (SELECT id FROM submission_judgings ORDER BY id DESC LIMIT 100000) r), 0)
 ORDER BY j.id DESC LIMIT 10;
+
+-- name: worker_tables
+-- Which worker registries this schema has: arbiter workers (stage 1 on), legacy nodes (until stage 4).
+SELECT to_regclass('workers') IS NOT NULL AS arbiter_workers, to_regclass('judge_nodes') IS NOT NULL AS legacy_nodes;

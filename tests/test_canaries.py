@@ -328,3 +328,11 @@ def test_status_counts_open_canaries_apart_and_shows_each_workers_last(db, arbit
     assert "<th>last canary</th>" in page and "WA (FAILED, expected AC)" in page
     out = judgectl(db, "status")
     assert out.returncode == 0 and "FAILED (expected AC)" in out.stdout and "canaries" in out.stdout
+
+
+def test_a_direct_workers_gate_before_stage_1_needs_no_registration(make_db):
+    """Stage 0's gate runs for direct (legacy) workers, which register nowhere before they poll and
+    for which there is no workers table yet: not an unknown worker (the netlab's cutover caught it)."""
+    db = make_db("stage0")
+    out = judgectl(db, "canary", "run", "--worker", "home-7", "--transport", "direct", "--timeout", "1")
+    assert out.returncode == 1 and "worker home-7 did not take it in 1s (withdrawn)" in out.stderr, out.stderr

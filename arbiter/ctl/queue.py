@@ -144,10 +144,13 @@ def cmd_canary_run(args, conn) -> int:
     worker through that one transport; a wrong verdict fails in seconds, naming the verdict.
     """
 
-    worker = conn.execute(OPS.find_active_worker, {"worker_id": args.worker_id}).fetchone()
-    if worker is None:
+    # An arbiter worker must be registered (and judge the language). A direct (legacy) worker, while
+    # the legacy scheme exists (stages 0-3), registers nowhere before it first polls: not checked.
+    arbiter_workers, legacy_nodes = conn.execute(OPS.worker_tables).fetchone()
+    worker = conn.execute(OPS.find_active_worker, {"worker_id": args.worker_id}).fetchone() if arbiter_workers else None
+    if worker is None and (not legacy_nodes or args.transport == "arbiter"):
         raise InputError(f"no active worker {args.worker_id!r} (judgectl worker list)")
-    if args.language not in worker[1]:
+    if worker is not None and args.language not in worker[1]:
         raise InputError(f"worker {args.worker_id} does not judge {args.language} (it judges {', '.join(worker[1])})")
     sid = canary.submit(conn, args.language, pinned_worker=args.worker_id)
     deadline = time.monotonic() + args.timeout
