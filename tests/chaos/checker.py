@@ -28,7 +28,18 @@ from pathlib import Path
 # Faults on a worker's own path: the worker process, or its network to the arbiters. (An arbiter cut
 # off from the database, partition_db, is arbiter downtime: it may cost a lease nothing.)
 WORKER_SIDE = {"kill_worker", "pause_worker", "drop_reply", "delay_request", "stale_result",
-               "stale_heartbeat", "stall_reply", "partition_worker", "power_loss"}
+               "stale_heartbeat", "stale_release", "stall_reply", "partition_worker", "power_loss"}
+# A reply lost or stalled on the way back, of a request that reached the arbiter at once: a heartbeat
+# has extended the lease, a result is written. The worker must take a missing reply for what it is
+# (try again) and not for a lost lease; only an acquire's reply may cost one (the grant arrives too
+# late, or never, and its unconfirmed lease runs out).
+REPLY_ONLY = {"drop_reply", "stall_reply"}
+
+
+def may_cost_a_lease(fault: "Fault") -> bool:
+    if fault.kind not in WORKER_SIDE:
+        return False
+    return fault.kind not in REPLY_ONLY or fault.detail.startswith("/v1/acquire")
 # Faults of a worker host's own disk (its outbox full or read-only): they may cost a lease only as a
 # hand-back (the worker releases it, answered 200), never as an expiry.
 LOCAL_DISK = {"disk_full", "disk_readonly"}
@@ -133,23 +144,34 @@ def check(conn, submitted: dict[int, str], gen_samples: list[tuple[int, int]], h
     for user, problem, count in passes:
         if count != 1:
             report.add("AC credited twice", f"user {user} problem {problem} has {count} first passes")
-    ever_ac = {r[0] for r in conn.execute(
-        "SELECT DISTINCT s.user_id FROM submission_judgings j JOIN submissions s ON s.id = j.submission_id "
-        "WHERE j.verdict = 'AC'").fetchall()}
+    # Each problem a user ever passed earns its reward once (every problem of the run rewards the same).
+    problems_passed = defaultdict(int)
+    for user, _problem in conn.execute(
+            "SELECT DISTINCT s.user_id, s.problem_id FROM submission_judgings j JOIN submissions s "
+            "ON s.id = j.submission_id WHERE j.verdict = 'AC'").fetchall():
+        problems_passed[user] += 1
     for user, xp in conn.execute("SELECT id, xp FROM users").fetchall():
-        expected_xp = xp_reward if user in ever_ac else 0
+        expected_xp = xp_reward * problems_passed[user]
         if xp != expected_xp:
             report.add("XP wrong", f"user {user} has {xp} XP, expected {expected_xp}")
 
     reclaims, handed_back_for_disk = lost_lease_violations(report, grants, judgings, rows, faults, history,
                                                            token_gen)
 
+    # Leases lost (a generation superseded without a verdict of its own), then judged by a later one.
+    lost_then_judged = 0
+    for sid, entries in grants.items():
+        decided = sorted(e[2] for e in judgings[sid] if e[4] == "worker")
+        lost = [gen for gen, *_ in entries[:-1] if gen not in decided]
+        if lost and decided and decided[-1] > min(lost):
+            lost_then_judged += 1
+
     counts: dict[str, int] = defaultdict(int)
     for status, _ in rows.values():
         counts[status] += 1
     report.figures.update(submissions=len(submitted), statuses=dict(sorted(counts.items())),
                           grants=sum(len(v) for v in grants.values()), reclaims=reclaims,
-                          handed_back_for_disk=handed_back_for_disk,
+                          handed_back_for_disk=handed_back_for_disk, lost_then_judged=lost_then_judged,
                           honoured_token_requests=honoured, exchanges=len(history), gen_samples=len(gen_samples))
     return report
 
@@ -209,7 +231,7 @@ def lost_lease_violations(report: Report, grants, judgings, rows, faults: list[F
     worker_faults = defaultdict(list)
     disk_faults = defaultdict(list)
     for fault in faults:
-        if fault.kind in WORKER_SIDE:
+        if may_cost_a_lease(fault):
             worker_faults[fault.target].append(fault)
         elif fault.kind in LOCAL_DISK:
             disk_faults[fault.target].append(fault)

@@ -11,8 +11,8 @@ reclaimed and the same worker holds a new lease of that submission (the seed's s
 happen); the network nemesis drops replies, delays requests, stalls replies and sends requests
 twice (the copy seconds later) in per-worker HTTP proxies; the partition nemesis cuts a worker's
 link or an arbiter's link to the database (nftables drops the packets: both ways, or one); the disk
-nemesis (each worker's outbox is a small tmpfs of its own) fills a worker's outbox disk or makes it
-read-only for a while, and the worker must hand back what it cannot keep; the clock nemesis jumps
+nemesis (each worker's outbox and test-data cache are on a small tmpfs of its own) fills a worker's
+disk or makes it read-only for a while, and the worker must hand back what it cannot keep or fetch; the clock nemesis jumps
 one arbiter's or worker's wall clock an hour forward or back for a few seconds (clock.py:
 libfaketime), which must cost no lease. Every nemesis's faults count towards the run's total.
 Meanwhile a client submits programs whose verdict it knows and rejudges some finished ones, and a
@@ -66,7 +66,16 @@ WORKER = {"heartbeat_interval_secs": 0.5, "long_poll_secs": 2.0, "backoff_initia
           "backoff_max_secs": 1.5, "request_timeout_secs": 1.5,
           "allow_plaintext": True}  # plain HTTP to the proxies: the chaos network carries no secret worth TLS
 assert ORPHANED_POLL_SECS >= ARBITER["long_poll_max_secs"], "the checker's window must cover a parked poll"
-OUTBOX_DISK_BYTES = 1 << 20  # each worker's outbox disk: room for hundreds of entries, filled in an instant
+# Each worker's small disk holds its outbox and its test-data cache: room for hundreds of entries and
+# two data sets, filled in an instant.
+WORKER_DISK_BYTES = 4 << 20
+# The site's problems: A+B three times, each with test data of its own that the workers fetch from the
+# arbiter (nothing is shipped to them) into a cache on that disk. A data set carries a padding file so
+# that two do not fit in the cache's 1 MiB: a worker that turns to another problem fetches its data
+# again, and the disk nemesis meets the cache as often as the outbox.
+PROBLEMS = 3
+DATA_PADDING_BYTES = 600 << 10
+DATA_CACHE_MB = 1
 WORKER_IDS = {"home-1": "home", "home-2": "home", "home-3": "home", "prod-1": "production"}
 # (language, verdict) mix. "slow" programs take about a second on three tests (sleeping, well inside the
 # wall limit), so most faults find a worker in the middle of judging.
@@ -77,6 +86,14 @@ EXPECTED = {"slow": "AC"}
 BACKLOG = 6  # the client keeps about this many submissions waiting or in judging
 XP_REWARD = 10
 USERS = 6
+
+
+def judgectl(dsn: str, *args: str) -> None:
+    """The operator's tool, as the operator runs it."""
+    done = subprocess.run([sys.executable, "-m", "arbiter.ctl.main", "--dsn", dsn, *args], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"judgectl {' '.join(args)}: {done.stderr.strip()}")
 
 
 class Lab:
@@ -107,15 +124,20 @@ class Lab:
         self.dsn = self.cluster.dsn("judge")
         with self.connect() as conn:
             migrations.migrate(conn)
-            self.problem = conn.execute("INSERT INTO problems (slug, title, xp_reward) VALUES ('aplusb', 'A+B', %s) "
-                                        "RETURNING id", (XP_REWARD,)).fetchone()[0]
+            self.problems = [conn.execute("INSERT INTO problems (slug, title, xp_reward) VALUES (%s, 'A+B', %s) "
+                                          "RETURNING id", (f"aplusb-{n}", XP_REWARD)).fetchone()[0]
+                             for n in range(1, PROBLEMS + 1)]
             self.users = [conn.execute("INSERT INTO users (name) VALUES (%s) RETURNING id", (f"u{i}",)).fetchone()[0]
                           for i in range(USERS)]
             creds = {w: add_worker(conn, w, kind) for w, kind in WORKER_IDS.items()}
         # What no log may show: the secret part of each credential ("<worker>.<secret>").
         self.worker_secrets = [c.split(".", 1)[1] for c in creds.values()]
-        testdata = root / "testdata"
-        write_testdata(testdata, self.problem, APLUSB_TESTS)
+        for n, problem in enumerate(self.problems, start=1):
+            data = write_testdata(root / "testdata", problem, APLUSB_TESTS)
+            (data / "padding.bin").write_bytes(bytes([n]) * DATA_PADDING_BYTES)
+            judgectl(self.dsn, "problem", "data", f"aplusb-{n}", str(data))
+        shipped = root / "shipped"  # nothing: every data set comes from the arbiter
+        shipped.mkdir()
         # Every arbiter and worker keeps its wall clock in a file of its own, for the clock nemesis.
         self.clocks = Clocks(root)
         self.arbiters = {name: ArbiterProcess(self.cluster.dsn("judge", address=BRIDGE_ADDRESS), root, name=name,
@@ -125,18 +147,21 @@ class Lab:
         self.proxies = {(w, a): FaultProxy(arb.port, f"{w}->{a}", target_host=self.network.addresses[a],
                                            listen_on=BRIDGE_ADDRESS)
                         for w in WORKER_IDS for a, arb in self.arbiters.items()}
-        self.workers = {w: WorkerProcess(root, w, kind, "arbiter", testdata, credential=creds[w],
+        self.workers = {w: WorkerProcess(root, w, kind, "arbiter", shipped, credential=creds[w],
                                          arbiter_urls=[self.proxies[(w, "a1")].url, self.proxies[(w, "a2")].url],
-                                         env=self.clocks.env(w), netns=self.network.netns(w), **WORKER)
+                                         env=self.clocks.env(w), netns=self.network.netns(w),
+                                         data_dir=str(root / f"worker-{w}" / "disk" / "data"),
+                                         data_cache_max_mb=DATA_CACHE_MB, **WORKER)
                         for w, kind in WORKER_IDS.items()}
         self.db_gate = threading.Lock()  # the client does not submit while the nemesis has the DB down
-        # Each worker's outbox on a small disk of its own (a tmpfs), so that the disk nemesis can fill it
-        # or make it read-only without touching anything else, seen through lazyfs.py, which keeps
-        # what was not fsynced in memory until the power_loss fault forgets it.
+        # Each worker's outbox and test-data cache on a small disk of its own (a tmpfs), so that the
+        # disk nemesis can fill it or make it read-only without touching anything else; the outbox is
+        # seen through lazyfs.py, which keeps what was not fsynced in memory until the power_loss
+        # fault forgets it (the cache needs no fsync: every file is verified before it is used).
         for name, worker in self.workers.items():
             disk = self.disks[name] = worker.home / "disk"
             disk.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={OUTBOX_DISK_BYTES},mode=0700", "tmpfs", str(disk)],
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={WORKER_DISK_BYTES},mode=0700", "tmpfs", str(disk)],
                            check=True, capture_output=True)
             (disk / "outbox").mkdir(mode=0o700)
             worker.outbox.mkdir(parents=True, exist_ok=True)
@@ -216,7 +241,7 @@ class Lab:
 
     # -- a worker's disk -----------------------------------------------------------------
     def fill_disk(self, name: str) -> Path:
-        """Fill the worker's outbox disk to the last byte; returns the file that fills it."""
+        """Fill the worker's disk (outbox and data cache) to the last byte; returns the file that fills it."""
         filler = self.disks[name] / ".filler"
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -229,14 +254,14 @@ class Lab:
         return filler
 
     def remount_disk(self, name: str, mode: str) -> None:
-        """The worker's outbox disk read-only ("ro") or writable again ("rw"). A remount read-only is
+        """The worker's disk (outbox and data cache) read-only ("ro") or writable again ("rw"). A remount read-only is
         refused while a file is open for writing there (an outbox write in progress): tried again."""
         for _ in range(50):
             if subprocess.run(["mount", "-o", f"remount,{mode}", str(self.disks[name])],
                               capture_output=True).returncode == 0:
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"could not remount {name}'s outbox disk {mode}")
+        raise RuntimeError(f"could not remount {name}'s disk {mode}")
 
 
 NEMESES = ("process", "network", "disk", "clock", "partition")
@@ -290,7 +315,7 @@ class Run:
         source = SLOW_AC if kind == "slow" else PROGRAMS[language][kind]
         user = rng.choice(self.lab.users)
         with self.lab.db_gate, self.lab.connect() as conn:
-            sid = leases.submit(conn, user, self.lab.problem, language, source)
+            sid = leases.submit(conn, user, rng.choice(self.lab.problems), language, source)
         self.submitted[sid] = EXPECTED.get(kind, kind)
 
     def backlog(self) -> int:
@@ -325,7 +350,7 @@ class Run:
         lab = self.lab
         actions = ["kill_worker"] * 4 + ["pause_worker"] * 3 + ["kill_arbiter"] * 2 + ["pause_arbiter"] * 2 + \
                   ["restart_db", "failover"] + ["second_arbiter"] * 2 + ["stale_result"] * 2 + \
-                  ["stale_heartbeat"] * 2 + ["power_loss"] * 2
+                  ["stale_heartbeat"] * 2 + ["stale_release"] * 2 + ["power_loss"] * 2
         # Each run's first process faults, a few seconds in, are a failover and a power loss: a short run
         # has them too.
         first = ["power_loss", "failover"]
@@ -368,7 +393,7 @@ class Run:
                 self.restart_db(started)
             elif action == "failover":
                 self.failover(started)
-            elif action in ("stale_result", "stale_heartbeat"):
+            elif action in ("stale_result", "stale_heartbeat", "stale_release"):
                 self.stale_request(rng, started, action)
             elif action == "second_arbiter":
                 if lab.arbiter_up("a2"):
@@ -442,20 +467,30 @@ class Run:
         self.record("failover", old.name, started, f"{new.name} promoted after {promoted_secs:.1f}s")
 
     def stale_request(self, rng: random.Random, started: float, kind: str) -> None:
-        """The seed's scenario 5 on purpose: a worker's result (stale_result) or heartbeat
-        (stale_heartbeat) is stuck on the way while the worker is paused past its lease; the lease is
-        reclaimed; the worker resumes, its retry or next heartbeat is refused (410), and it takes work
-        again (the others are paused, so most likely the same submission, a newer lease); only then
-        does the stuck request reach the arbiter, beside the new lease of the same worker. Only the
-        token may tell the two apart."""
+        """The seed's scenario 5 on purpose: a worker's result (stale_result), heartbeat
+        (stale_heartbeat) or hand-back (stale_release: its disk turned read-only while it judged, so
+        it cannot keep the verdict and releases the lease) is stuck on the way while the worker is
+        paused past its lease; the lease is reclaimed; the worker resumes, its retry or next heartbeat
+        is refused (410), and it takes work again (the others are paused, so most likely the same
+        submission, a newer lease); only then does the stuck request reach the arbiter, beside the new
+        lease of the same worker. Only the token may tell the two apart."""
         lab = self.lab
         name = rng.choice(sorted(lab.workers))
         proxies = [lab.proxies[(name, a)] for a in sorted(lab.arbiters)]
-        marker = "/result" if kind == "stale_result" else "/heartbeat"
+        marker = {"stale_result": "/result", "stale_heartbeat": "/heartbeat", "stale_release": "/release"}[kind]
         armed = [p.hold_next(marker, 30.0) for p in proxies]
-        deadline = time.monotonic() + 6
-        while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
-            time.sleep(0.02)
+        if kind == "stale_release":
+            lab.remount_disk(name, "ro")
+        try:
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
+                time.sleep(0.02)
+        finally:
+            if kind == "stale_release":
+                lab.remount_disk(name, "rw")
+                # The disk fault that made the hand-back, on the record: it may cost that lease only
+                # as the worker's own hand-back (checker.LOCAL_DISK).
+                self.record("disk_readonly", name, started, "to make it hand a lease back")
         held = [a for p, a in zip(proxies, armed) if not p.disarm(a)]
         if not held:
             return  # the worker sent no such request in time: no fault
@@ -503,7 +538,7 @@ class Run:
         return False
 
     def disk_nemesis(self) -> None:
-        """Now and then one worker's outbox disk is full or read-only for a few seconds."""
+        """Now and then one worker's disk (outbox and data cache) is full or read-only for a few seconds."""
         rng = random.Random(f"{self.seed}-disk")
         lab = self.lab
         if not lab.disks:
@@ -652,6 +687,7 @@ class Run:
             tokens = [t for (t,) in conn.execute("SELECT lease_token::text FROM lease_grants").fetchall()]
         logs = sorted(self.lab.root.glob("arbiter-*.log")) + sorted(self.lab.root.glob("worker-*/worker.log"))
         report.figures["log_lines"] = log_violations(report, logs, tokens + self.lab.worker_secrets)
+        report.figures.update(worker_log_figures(sorted(self.lab.root.glob("worker-*/worker.log"))))
         if not settled:
             report.add("not settled", f"work still pending or judging {settle_timeout:.0f}s after the last fault")
         for loss in self.power_losses:
@@ -665,6 +701,28 @@ class Run:
                               rejudged=self.rejudged, fault_phase_secs=round(fault_secs, 1),
                               total_secs=round(time.monotonic() - started, 1))
         return report
+
+
+def worker_log_figures(logs: list[Path]) -> dict:
+    """What the workers say they did about test data and hand-backs (the database cannot tell why a
+    lease went back): files fetched from the arbiter, hand-backs by their reason."""
+    fetched = 0
+    hand_backs: dict[str, int] = {}
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # the log checker reports it
+            event = entry.get("event", "") if isinstance(entry, dict) else ""
+            if event == "test file fetched":
+                fetched += 1
+            elif "handing the lease back" in event:
+                reason = str(entry.get("reason", ""))
+                why = ("disk" if "local fault" in reason or "outbox" in reason else
+                       "test data unavailable" if "test data" in reason or "test file" in reason else "other")
+                hand_backs[why] = hand_backs.get(why, 0) + 1
+    return {"test_files_fetched": fetched, "hand_backs": dict(sorted(hand_backs.items()))}
 
 
 def run(seed: int, faults: int, submissions: int, workdir: Path | None = None, log=print, nemeses=NEMESES):

@@ -31,4 +31,5 @@ def test_chaos_run_has_no_violations(tmp_path):
         assert report.figures["faults_by_kind"].get(kind, 0) >= 1, f"the partition nemesis takes turns: {kind}"
     assert report.figures["log_lines"] > 0, "the log checker read the processes' logs"
     assert report.figures["reclaims"] > 0, "a run where no lease was ever lost tested little"
+    assert report.figures["test_files_fetched"] > 0, "the workers fetch every data set into their small disk"
     assert report.violations == []

@@ -91,6 +91,18 @@ def test_a_worker_side_fault_still_accounts_for_a_lost_lease():
     assert lost([Fault("kill_worker", "home-1", 12.0, 12.5)], []) == ([], 0)
 
 
+def test_a_lost_or_stalled_reply_accounts_for_a_lost_lease_only_on_an_acquire():
+    # A heartbeat or result reached the arbiter at once (the lease was extended, the verdict written):
+    # only its reply was late or gone, which the worker must not take for a lost lease.
+    for kind in ("stall_reply", "drop_reply"):
+        for path in ("/heartbeat", "/result"):
+            violations, _ = lost([Fault(kind, "home-1", 12.0, 14.0, f"{path} 2.0s")], [])
+            assert violations == ["unaccounted reclaim: submission 40 gen 1 held by home-1 from 10.000 was "
+                                  "reclaimed with no fault on home-1's side"], (kind, path)
+        # An acquire's grant that came too late (or never): its unconfirmed lease ran out.
+        assert lost([Fault(kind, "home-1", 12.0, 14.0, "/v1/acquire 2.0s")], []) == ([], 0)
+
+
 def test_a_lease_lost_while_the_holders_clock_jumped_is_a_violation():
     # Only the database's clock may decide a lease: an hour's jump of the holder's (or the arbiter's)
     # wall clock accounts for nothing.
