@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-RULES = Path(__file__).resolve().parent.parent / "ansible" / "files" / "prometheus"
-DASHBOARD = RULES.parent / "grafana" / "judge-arbiter.dashboard.json"
+# The judge_monitoring role's files: Prometheus loads the rules, Grafana the dashboard.
+RULES = Path(__file__).resolve().parent.parent / "ansible" / "roles" / "judge_monitoring" / "files"
+DASHBOARD = RULES / "judge-arbiter.dashboard.json"
 promtool = shutil.which("promtool")
 
 

@@ -13,7 +13,7 @@ import pytest
 ANSIBLE = Path(__file__).resolve().parents[2] / "ansible"
 BIN = Path(sys.executable).parent
 PLAYBOOKS = ["site.yml", "stage1.yml", "stage2.yml", "stage3.yml", "stage4.yml", "rollback.yml", "preflight.yml",
-             "upgrade.yml", "db_ha.yml", "db_switchover.yml"]
+             "upgrade.yml", "db_ha.yml", "db_switchover.yml", "monitoring.yml"]
 
 pytestmark = pytest.mark.skipif(not (BIN / "ansible-playbook").exists(), reason="ansible-core missing")
 

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -525,6 +527,58 @@ def arbiter_takeovers(lab: Lab, flow: Flow) -> None:
     node_checks.check_all(nodes, lab.secrets["judge_legacy_db_passwords"], lab.stage, lab.db_ha)
 
 
+def prometheus(path: str, **params) -> dict:
+    """The lab's Prometheus (monitoring.yml put it on arbiter-2, listening on the bridge): its API's data."""
+    url = f"http://{lab_address('arbiter-2')}:9090{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        answer = json.loads(reply.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def alert_state(name: str) -> str | None:
+    states = [a["state"] for a in prometheus("/api/v1/alerts")["alerts"] if a["labels"]["alertname"] == name]
+    return "firing" if "firing" in states else (states[0] if states else None)
+
+
+def monitoring(lab: Lab, flow: Flow) -> None:
+    """monitoring.yml as the operator runs it: Prometheus (Debian's) on arbiter-2 scrapes both arbiters
+    over HTTPS with the operator token and loads the alert rules; a second run changes nothing. Then a
+    backlog made on purpose (every worker stopped, the oldest waiting submission ten minutes old by its
+    created_at) fires JudgeBacklog at the real server, and it resolves once the workers are back."""
+    lab.play("monitoring.yml")
+    assert_no_change(lab.play("monitoring.yml"))
+    targets = prometheus("/api/v1/targets", state="active")["activeTargets"]
+    assert sorted((t["scrapeUrl"], t["health"]) for t in targets) == sorted(
+        (f"https://{lab_address(a)}:8080/metrics", "up") for a in node_checks.ARBITERS), targets
+    rules = {r["name"] for g in prometheus("/api/v1/rules")["groups"] for r in g["rules"]}
+    assert {"JudgeBacklog", "JudgeSubmissionSystemError", "JudgeNoArbiterLeads"} <= rules, rules
+    wait_for(lambda: prometheus("/api/v1/query", query="arbiter_queue_submissions")["result"], 30, 1,
+             what="the queue's depth in Prometheus")
+    assert alert_state("JudgeBacklog") is None
+
+    nodes = lab.nodes()
+    workers = sorted(h for h in nodes if h.startswith(("home", "prod")))
+    supervisorctl = node_checks.SUPERVISORCTL.format(name="judge-worker")
+    for host in workers:
+        nodes[host].run_expect([0], f"{supervisorctl} stop judge-worker")
+    try:
+        def backdated() -> bool:
+            with lab.connect() as conn:
+                return conn.execute(
+                    "UPDATE submissions SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) "
+                    "FROM submissions WHERE status = 'pending' AND canary_expect IS NULL) RETURNING id"
+                ).fetchone() is not None
+        wait_for(backdated, 30, 1, what="a submission waiting while every worker is stopped")
+        # The rule's "for: 2m", a scrape and an evaluation (2 s each here).
+        wait_for(lambda: alert_state("JudgeBacklog") == "firing", 180, 2, what="JudgeBacklog to fire")
+    finally:
+        for host in workers:
+            nodes[host].run_expect([0], f"{supervisorctl} start judge-worker")
+    settled(lab, flow)
+    wait_for(lambda: alert_state("JudgeBacklog") is None, 60, 2, what="JudgeBacklog to resolve")
+
+
 def reach_stage(lab: Lab, stage: int) -> None:
     """Where a test starts when it runs on its own (-k): one converge to that stage."""
     if lab.stage != stage:
@@ -676,6 +730,7 @@ def test_stages_2_to_4_then_rollback_step_by_step(lab, flow):
     passwords = lab.secrets["judge_legacy_db_passwords"]
     for stage in (2, 3, 4):
         forward(lab, flow, stage)
+    monitoring(lab, flow)
     database_failover(lab, flow)
     upgrade(lab, flow)
     arbiter_takeovers(lab, flow)

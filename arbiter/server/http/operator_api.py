@@ -65,7 +65,7 @@ def status_snapshot(runtime, contest: bool = False) -> dict:
     return site
 
 
-# The same thresholds as the alert rules (ansible/files/prometheus/judge-arbiter.rules.yml).
+# The same thresholds as the alert rules (ansible/roles/judge_monitoring/files/judge-arbiter.rules.yml).
 BACKLOG_SECS = 180
 SYSTEM_ERROR_WINDOW_MINUTES = 15
 
