@@ -94,6 +94,35 @@ SELECT w.worker_id, w.kind, w.languages, w.slots, w.revoked_at IS NOT NULL AS re
 FROM workers w
 ORDER BY w.kind, w.worker_id;
 
+-- name: status_workers_with_pauses
+-- status_workers on the stage-4 schema, which records paused workers (005_worker_pauses).
+SELECT w.worker_id, w.kind, w.languages, w.slots, w.revoked_at IS NOT NULL AS revoked,
+       extract(epoch FROM now() - w.last_seen_at)::float AS last_seen_ago_s,
+       (SELECT count(*) FROM submissions s WHERE s.status = 'judging' AND s.worker_id = w.worker_id) AS leases,
+       p.paused_at IS NOT NULL AS paused, p.reason AS paused_reason
+FROM workers w LEFT JOIN worker_pauses p ON p.worker_id = w.worker_id
+ORDER BY w.kind, w.worker_id;
+
+-- name: worker_pauses_present
+SELECT to_regclass('worker_pauses') IS NOT NULL AS present;
+
+-- name: pause_worker
+-- The arbiter grants this worker no new lease (its leases run to their end). Nothing when it is
+-- paused already (the first pause's time and reason stay).
+INSERT INTO worker_pauses (worker_id, reason)
+SELECT worker_id, %(reason)s FROM workers WHERE worker_id = %(worker_id)s
+ON CONFLICT (worker_id) DO NOTHING
+RETURNING paused_at;
+
+-- name: count_worker_leases
+SELECT count(*) FROM submissions WHERE status = 'judging' AND worker_id = %(worker_id)s;
+
+-- name: resume_worker
+-- The worker may get leases again; the NOTIFY wakes the leading arbiter's dispatcher now, for the
+-- requests the worker has parked.
+WITH resumed AS (DELETE FROM worker_pauses WHERE worker_id = %(worker_id)s RETURNING paused_at)
+SELECT paused_at, pg_notify('submission_pending', '') FROM resumed;
+
 -- name: status_last_canaries
 -- Each worker's last decided canary (canaries are few: the janitor forgets old ones).
 SELECT DISTINCT ON (s.worker_id) s.worker_id, s.id AS submission_id, s.language, s.status AS verdict,

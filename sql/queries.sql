@@ -35,6 +35,8 @@ WITH candidate AS (
         lease_confirmed_at = NULL,
         leased_at = clock_timestamp()  -- when the row was taken, not when the transaction began
     FROM candidate
+    -- A second line: the candidate was locked FOR UPDATE, which under READ COMMITTED checks its
+    -- WHERE again on the row's newest version (docs/reliability.md, the mutation table).
     WHERE s.id = candidate.id AND s.status = 'pending'
     RETURNING s.id, s.problem_id, s.language, s.source, s.lease_token, s.lease_gen,
               s.lease_expires_at, s.judge_attempts,
@@ -201,6 +203,8 @@ WITH expired AS (
         lease_expires_at = NULL,
         lease_confirmed_at = NULL
     FROM expired
+    -- A second line: `expired` locked the row FOR UPDATE, which under READ COMMITTED checks its
+    -- WHERE again on the newest version (a heartbeat committed meanwhile takes it out).
     WHERE s.id = expired.id AND s.status = 'judging' AND s.lease_expires_at < now()
     RETURNING s.id, s.status, expired.worker_id AS old_worker_id,
               expired.lease_token AS old_lease_token, s.lease_gen
@@ -299,6 +303,14 @@ SELECT worker_id, last_lease_at FROM workers WHERE worker_id = ANY(%(worker_ids)
 
 -- name: legacy_tables_present
 SELECT to_regclass('judge_dispatch_state') IS NOT NULL AS present;
+
+-- name: worker_pauses_present
+-- The stage-4 schema's table of paused workers (005_worker_pauses); stages 2-3 run without it.
+SELECT to_regclass('worker_pauses') IS NOT NULL AS present;
+
+-- name: paused_workers
+-- read: the workers the operator paused (judgectl worker pause): a dispatch round grants them nothing.
+SELECT worker_id FROM worker_pauses;
 
 -- name: legacy_take_global_lock
 -- The legacy global lock, honoured by the arbiter while the legacy scheme coexists (stages 2-3).

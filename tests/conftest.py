@@ -22,7 +22,7 @@ from arbiter.store import migrations
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-STAGE_VERSIONS = {"empty": 0, "baseline": 1, "stage0": 2, "stage1": 3, "stage4": 4}
+STAGE_VERSIONS = {"empty": 0, **migrations.STAGES}
 _counter = itertools.count()
 
 

@@ -79,7 +79,7 @@ def test_the_arbiter_exports_verdicts_times_and_the_queue_as_the_database_has_th
     assert samples(text, "arbiter_oldest_pending_seconds")[""] == 0
     # home-1 was heard from seconds ago and holds no lease now.
     assert samples(text, "arbiter_workers") == {'state="busy"': 0, 'state="idle"': 1, 'state="silent"': 0,
-                                                'state="revoked"': 0}
+                                                'state="paused"': 0, 'state="revoked"': 0}
 
 
 def _decided(db, *sids) -> bool:

@@ -25,7 +25,7 @@ def test_migrate_twice_applies_nothing_the_second_time(make_db):
     db = make_db("empty")
     first = judgectl(db, "migrate")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count("applied") == 4
+    assert first.stdout.count("applied") == 5
     second = judgectl(db, "migrate")
     assert second.returncode == 0, second.stderr
     assert "applied" not in second.stdout
@@ -38,9 +38,10 @@ def test_stage1_to_stage4_and_back_to_baseline(make_db):
         assert migrations.migrate(conn, "stage1") == ["applied 001_baseline", "applied 002_stage0_canaries",
                                                       "applied 003_stage1_expand"]
         assert {"workers", "lease_grants", "judge_dispatch_state"} <= tables(conn)
-        assert migrations.migrate(conn, "stage4") == ["applied 004_stage4_contract"]
-        assert "judge_dispatch_state" not in tables(conn)
-        assert migrations.migrate(conn, "baseline") == ["rolled back 004_stage4_contract",
+        assert migrations.migrate(conn, "stage4") == ["applied 004_stage4_contract", "applied 005_worker_pauses"]
+        assert "judge_dispatch_state" not in tables(conn) and "worker_pauses" in tables(conn)
+        assert migrations.migrate(conn, "baseline") == ["rolled back 005_worker_pauses",
+                                                        "rolled back 004_stage4_contract",
                                                         "rolled back 003_stage1_expand",
                                                         "rolled back 002_stage0_canaries"]
         assert "judge_dispatch_state" in tables(conn) and "workers" not in tables(conn)
@@ -113,8 +114,9 @@ def test_failed_migration_leaves_nothing_half_done(make_db, tmp_path, monkeypatc
     db = make_db("empty")
     copy = tmp_path / "sql"
     shutil.copytree(sql_root(), copy)
-    (copy / "migrations" / "005_broken.up.sql").write_text("CREATE TABLE ok_table (x int); SELECT 1/0;")
-    (copy / "migrations" / "005_broken.down.sql").write_text("DROP TABLE ok_table;")
+    following = f"{len(migrations.load_migrations()) + 1:03d}"  # the next migration, whatever the last is
+    (copy / "migrations" / f"{following}_broken.up.sql").write_text("CREATE TABLE ok_table (x int); SELECT 1/0;")
+    (copy / "migrations" / f"{following}_broken.down.sql").write_text("DROP TABLE ok_table;")
     monkeypatch.setattr(migrations, "sql_root", lambda: copy)
     with db.connect() as conn:
         with pytest.raises(psycopg.errors.DivisionByZero):

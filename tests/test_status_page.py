@@ -80,6 +80,8 @@ def test_the_status_page_shows_the_contest_as_the_database_has_it(db, arbiters, 
         user = seed_user(conn)
         add_worker(conn, "home-1", "home")
         add_worker(conn, "prod-1", "production", slots=2)
+        add_worker(conn, "home-2", "home")
+        conn.execute("INSERT INTO worker_pauses (worker_id, reason) VALUES ('home-2', 'disk check')")
         decided = []
         for verdict, detail in (("AC", {}), ("WA", {}), ("system_error", {"reason": "sandbox will not start"})):
             sid = leases.submit(conn, user, problem, "python3", PROGRAMS["python3"]["AC"])
@@ -105,6 +107,7 @@ def test_the_status_page_shows_the_contest_as_the_database_has_it(db, arbiters, 
     workers = {row[0]: row for row in page.tables["workers"][1:]}
     assert workers["home-1"][2] == "silent" and workers["home-1"][6] == "never", workers
     assert workers["prod-1"][4] == "0/2", workers
+    assert workers["home-2"][2] == "paused (disk check)", workers
     errors = page.tables["system-errors"][1:]
     assert [(row[0], row[1], row[3]) for row in errors] == [(str(decided[2]), "home-1", "sandbox will not start")]
     alerts = page.by_id["alerts"]

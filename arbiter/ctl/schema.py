@@ -38,7 +38,7 @@ def add_commands(sub) -> None:
     p.add_argument("--to", help="baseline, stage1, stage4, latest or a version number (default: latest)")
     p.set_defaults(func=cmd_migrate)
 
-    p = sub.add_parser("schema-version", help="print the schema version (1 baseline, 2 stage 0, 3 stage 1, 4 stage 4)")
+    p = sub.add_parser("schema-version", help="print the schema version (1 baseline, 2 stage 0, 3 stage 1, 5 stage 4)")
     p.set_defaults(func=cmd_schema_version)
 
     p = sub.add_parser("dbrole", help="database login roles of the cutover (legacy workers, the arbiter)")

@@ -103,16 +103,52 @@ def cmd_worker_rotate(args, conn) -> int:
     return 0
 
 def cmd_worker_list(args, conn) -> int:
-    """Each worker: busy (holds leases), idle (heard from lately), silent, or revoked."""
+    """Each worker: busy (holds leases), idle (heard from lately), silent, paused or revoked."""
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(OPS.status_workers).fetchall()
+        rows = status.workers_of(cur)
     for row in rows:
         state = status.worker_state(row)
         seen = row["last_seen_ago_s"]
         heard = "never" if seen is None else f"{seen:.0f}s ago"
+        why = f" ({row['paused_reason']})" if row["paused"] and row["paused_reason"] else ""
         print(f"{row['worker_id']:<16} {row['kind']:<10} {state:<8} leases {row['leases']}/{row['slots']:<3} "
-              f"last heard {heard:<10} languages {','.join(row['languages'])}")
+              f"last heard {heard:<10} languages {','.join(row['languages'])}{why}")
     print(f"{len(rows)} worker(s)")
+    return 0
+
+
+MAX_PAUSE_REASON = 200
+
+
+def _known_worker(conn, worker_id: str) -> None:
+    """One line and exit 2 for a bad or unknown worker id; a schema without pauses is the operator's to migrate."""
+    if not credentials.WORKER_ID.match(worker_id):
+        raise InputError(f"bad worker id {worker_id[:80]!r}: 1-63 chars of a-z, 0-9, '_' or '-', starting with a "
+                         "letter or digit")
+    if not conn.execute(OPS.worker_pauses_present).fetchone()[0]:
+        raise CtlError("this database has no worker pauses before the stage-4 schema (judgectl migrate --to stage4)")
+    if conn.execute(OPS.find_worker_secret, {"worker_id": worker_id}).fetchone() is None:
+        raise InputError(f"no worker {worker_id!r} (judgectl worker list names them)")
+
+
+def cmd_worker_pause(args, conn) -> int:
+    """The arbiter grants the worker no new lease from its next dispatch round on; the leases it holds
+    run to their end (its results are taken as ever)."""
+    reason = args.reason or ""
+    if len(reason) > MAX_PAUSE_REASON or not reason.isprintable():
+        raise InputError(f"--reason must be at most {MAX_PAUSE_REASON} printable characters")
+    _known_worker(conn, args.worker_id)
+    row = conn.execute(OPS.pause_worker, {"worker_id": args.worker_id, "reason": reason}).fetchone()
+    leases = conn.execute(OPS.count_worker_leases, {"worker_id": args.worker_id}).fetchone()[0]
+    print(f"{'paused' if row else 'already paused'} {args.worker_id}: no new leases; "
+          f"{leases} lease(s) it holds run to their end")
+    return 0
+
+
+def cmd_worker_resume(args, conn) -> int:
+    _known_worker(conn, args.worker_id)
+    row = conn.execute(OPS.resume_worker, {"worker_id": args.worker_id}).fetchone()
+    print(f"resumed {args.worker_id}" if row else f"{args.worker_id} was not paused")
     return 0
 
 
@@ -148,8 +184,15 @@ def add_commands(sub) -> None:
                     help="seconds the previous credential stays valid (default 3600)")
     wo.add_argument("--credential-file", help="write the new credential here (mode 0600) instead of printing it")
     wo.set_defaults(func=cmd_worker_rotate)
-    wl = wsub.add_parser("list", help="every worker: kind, busy/idle/silent/revoked, leases, last heard")
+    wl = wsub.add_parser("list", help="every worker: kind, busy/idle/silent/paused/revoked, leases, last heard")
     wl.set_defaults(func=cmd_worker_list)
+    wp = wsub.add_parser("pause", help="the arbiter grants the worker no new lease; what it holds runs to its end")
+    wp.add_argument("worker_id")
+    wp.add_argument("--reason", help="why, shown by worker list and /status (at most 200 characters)")
+    wp.set_defaults(func=cmd_worker_pause)
+    wu = wsub.add_parser("resume", help="the worker gets leases again")
+    wu.add_argument("worker_id")
+    wu.set_defaults(func=cmd_worker_resume)
     wr = wsub.add_parser("revoke", help="revoke a worker's credentials (the current one and any previous one)")
     wr.add_argument("worker_id")
     wr.set_defaults(func=cmd_worker_revoke)

@@ -447,3 +447,11 @@ def claimable_real_languages(conn: psycopg.Connection) -> set[str]:
 
 def legacy_tables_present(conn: psycopg.Connection) -> bool:
     return bool(conn.execute(Q.legacy_tables_present).fetchone()[0])
+
+
+def worker_pauses_present(conn: psycopg.Connection) -> bool:
+    return bool(conn.execute(Q.worker_pauses_present).fetchone()[0])
+
+
+def paused_workers(conn: psycopg.Connection) -> frozenset[str]:
+    return frozenset(r[0] for r in conn.execute(Q.paused_workers).fetchall())

@@ -22,8 +22,9 @@ _FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$")
 _LOCK_KEY = 0x6A756467  # "judg": serialises concurrent migration runs
 
 # baseline: the legacy site as found; stage0: made ready for the cutover (canaries); stage1: the
-# expand the arbiter needs; stage4: the contract (no legacy dispatch state).
-STAGES = {"baseline": 1, "stage0": 2, "stage1": 3, "stage4": 4}
+# expand the arbiter needs; stage4: the contract (no legacy dispatch state) and what only an
+# arbiter-only site has (worker pauses: 005 comes after 004 in the ledger's one line).
+STAGES = {"baseline": 1, "stage0": 2, "stage1": 3, "stage4": 5}
 
 
 class MigrationError(ArbiterError):

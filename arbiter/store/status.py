@@ -20,18 +20,28 @@ def queue(cur) -> dict:
             "decided_estimate": max(total - sum(live.values()) - canaries, 0)}
 
 
-WORKER_STATES = ("busy", "idle", "silent", "revoked")
+WORKER_STATES = ("busy", "idle", "silent", "paused", "revoked")
+
+
+def workers_of(cur) -> list[dict]:
+    """Every registered worker, one row each; on the stage-4 schema also whether it is paused."""
+    pauses = cur.execute(OPS.worker_pauses_present).fetchone()["present"]
+    rows = cur.execute(OPS.status_workers_with_pauses if pauses else OPS.status_workers).fetchall()
+    for row in rows:
+        row.setdefault("paused", False)
+        row.setdefault("paused_reason", None)
+    return rows
 
 
 def queue_gauges(cur) -> dict:
     """What /metrics reads from the database at each scrape: live work by status, the oldest
     never-decided pending submission's age (partial indexes) and the workers by state (one row each)."""
     live = {r["status"]: r["count"] for r in cur.execute(OPS.status_queue).fetchall()}
-    workers = dict.fromkeys(WORKER_STATES, 0)
-    for row in cur.execute(OPS.status_workers).fetchall():
-        workers[worker_state(row)] += 1
+    counts = dict.fromkeys(WORKER_STATES, 0)
+    for row in workers_of(cur):
+        counts[worker_state(row)] += 1
     return {"queue": live, "oldest_pending_secs": cur.execute(OPS.oldest_pending_age).fetchone()["age_s"],
-            "workers": workers}
+            "workers": counts}
 
 
 # A worker not heard from for this long is "silent": two of its long-polls (25 s each, the worker's
@@ -40,9 +50,12 @@ SILENT_AFTER_SECS = 60.0
 
 
 def worker_state(row: dict) -> str:
-    """busy (holds leases), idle (heard from lately), silent, or revoked: as judgectl and /status say."""
+    """busy (holds leases), idle (heard from lately), silent, paused (by the operator: granted
+    nothing new, whatever it holds) or revoked: as judgectl and /status say."""
     if row["revoked"]:
         return "revoked"
+    if row.get("paused"):
+        return "paused"
     if row["leases"]:
         return "busy"
     seen = row["last_seen_ago_s"]
@@ -52,10 +65,10 @@ def worker_state(row: dict) -> str:
 def snapshot(cur) -> dict:
     """The queue, the leases in flight, the workers and each worker's last canary, as the status
     endpoints and judgectl show them."""
-    workers = cur.execute(OPS.status_workers).fetchall()
-    for row in workers:
+    rows = workers_of(cur)
+    for row in rows:
         row["state"] = worker_state(row)
-    return {**queue(cur), "leases": cur.execute(OPS.status_leases).fetchall(), "workers": workers,
+    return {**queue(cur), "leases": cur.execute(OPS.status_leases).fetchall(), "workers": rows,
             "last_canaries": cur.execute(OPS.status_last_canaries).fetchall()}
 
 

@@ -81,7 +81,8 @@ def render(snapshot: dict) -> str:
         return f"{outcome}, {_age(c['decided_ago_s'])} ago"
 
     workers = _table("workers", ["worker", "kind", "state", "last heard", "busy slots", "languages", "last canary"],
-                     [[w["worker_id"], w["kind"], w["state"],
+                     [[w["worker_id"], w["kind"],
+                       w["state"] + (f" ({w['paused_reason']})" if w["paused_reason"] else ""),
                        "never" if w["last_seen_ago_s"] is None else f"{_age(w['last_seen_ago_s'])} ago",
                        f"{w['leases']}/{w['slots']}", ",".join(w["languages"]), last_canary(w["worker_id"])]
                       for w in snapshot["workers"]])

@@ -50,6 +50,7 @@ class Dispatcher:
         self._listen: psycopg.Connection | None = None
         self._work: psycopg.Connection | None = None
         self.legacy_compat = False
+        self.pauses_present = False
         self.last_round_completed: float | None = None
         self.rounds = 0
         self._legacy_checked_at: float | None = None  # monotonic; the schema is looked at again now and then
@@ -185,8 +186,9 @@ class Dispatcher:
                 self._pause(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_SECS)
             except psycopg.errors.UndefinedTable:
-                # The legacy tables went away under us (stage 4 applied): look at the schema again now.
-                log.info("legacy dispatch tables gone; re-reading the schema")
+                # The legacy tables went away under us (stage 4 applied), or the pauses' (its rollback):
+                # look at the schema again now.
+                log.info("a table of the dispatch went away; re-reading the schema")
                 self._legacy_checked_at = None
                 self._close()
             except Exception:  # noqa: BLE001 - the loop must survive anything
@@ -232,13 +234,20 @@ class Dispatcher:
                 if self._legacy_checked_at is None or present != self.legacy_compat:
                     log.info("dispatch mode", extra={"legacy_compat": present})
                 self.legacy_compat = present
+                # The stage-4 schema records paused workers (005_worker_pauses); stages 2-3 have none.
+                self.pauses_present = leases.worker_pauses_present(conn)
                 self._legacy_checked_at = now
             tickets = self.parked_snapshot()
             claimable = leases.ClaimableWork([])
             if tickets and self._should_look(now):
                 # Cleared before the look: a NOTIFY during it makes the next round look again.
                 self._dirty, self._swept_at = False, now
-                claimable = leases.claimable_work(conn)
+                if self.pauses_present:
+                    # A paused worker's requests stay parked, granted nothing (judgectl worker pause);
+                    # read at each look, so a pause holds from the next round on.
+                    paused = leases.paused_workers(conn)
+                    tickets = [t for t in tickets if t.worker.worker_id not in paused]
+                claimable = leases.claimable_work(conn) if tickets else claimable
             if tickets and self.legacy_compat:
                 # One row per worker: a worker with several judge slots parks several tickets.
                 idle = {t.worker.worker_id: t.worker.kind for t in tickets}
