@@ -37,6 +37,22 @@ def test_every_metric_the_rules_use_is_exported_by_a_running_arbiter(db, arbiter
     assert used <= exported, f"rules use metrics the arbiter does not export: {sorted(used - exported)}"
 
 
+def test_the_status_pages_alerts_use_the_rules_thresholds():
+    """The status page names the alerts it can see for itself with the rules' own thresholds
+    (arbiter/server/http/operator_api.py): the two must not drift apart."""
+    import yaml
+
+    from arbiter.server.http import operator_api
+
+    rules = {r["alert"]: r for g in yaml.safe_load((RULES / "judge-arbiter.rules.yml").read_text())["groups"]
+             for r in g["rules"]}
+    assert re.fullmatch(r"max\(arbiter_oldest_pending_seconds\) > (\d+)", rules["JudgeBacklog"]["expr"].strip()
+                        ).group(1) == str(operator_api.BACKLOG_SECS)
+    window = re.search(r"arbiter_system_errors_total\[(\d+)m\]", rules["JudgeSubmissionSystemError"]["expr"])
+    assert window.group(1) == str(operator_api.SYSTEM_ERROR_WINDOW_MINUTES)
+    assert "> 3 * max(arbiter_canary_interval_seconds)" in rules["JudgeCanaryFailing"]["expr"]
+
+
 def test_every_runbook_link_points_at_a_section_that_exists():
     runbook = (Path(__file__).resolve().parent.parent / "docs" / "runbook.md").read_text()
     # GitHub-style anchors: lower case, punctuation dropped, spaces to hyphens.

@@ -63,6 +63,38 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def remove_namespaces(prefix: str, bridge: str, veth_prefix: str) -> list[str]:
+    """Every network namespace named ``prefix``*, each once its processes are killed, and the bridge;
+    returns the veths still there after 10 s (none, normally). The netlab's tear-down and the chaos
+    run's (tests/chaos/network.py) both use it. The kill-until-empty loop has the shape of
+    worker/sandbox/cgroups.py's (a cgroup there, a namespace here); kept apart on purpose: the lab
+    tool imports nothing of the worker."""
+    for ns in [name for name in sh("ip", "netns", "list", check=False).stdout.split() if name.startswith(prefix)]:
+        for _ in range(50):
+            pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        sh("ip", "netns", "del", ns, check=False)
+    sh("ip", "link", "del", bridge, check=False)
+    # A namespace goes away asynchronously once its last process is reaped; so do its veths.
+    deadline = time.monotonic() + 10
+    while True:
+        links = [line.split(":")[1].strip().split("@")[0]
+                 for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines()]
+        leftover = [name for name in links if name.startswith(veth_prefix)]
+        if not leftover or time.monotonic() > deadline:
+            return leftover
+        for name in leftover:
+            sh("ip", "link", "del", name, check=False)
+        time.sleep(0.2)
+
+
 def _lab_namespaces() -> list[str]:
     return [name for name in sh("ip", "netns", "list", check=False).stdout.split() if name.startswith("jlab-")]
 
@@ -309,35 +341,10 @@ class Lab:
     def down(self, remove: bool = True) -> None:
         """Everything the lab started dies with its namespaces; nothing keeps running."""
         # Every jlab-* namespace, not only today's HOSTS: a lab left by another version goes too.
-        # The kill-until-empty loop below has the shape of worker/sandbox/cgroups.py's (a cgroup
-        # there, a namespace here); kept apart on purpose: the lab tool imports nothing of the worker.
-        for ns in _lab_namespaces():
-            for _ in range(50):
-                pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.1)
-            sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "link", "del", BRIDGE, check=False)
+        remove_namespaces("jlab-", BRIDGE, "jlv-")
         # The controller's side: SSH connection masters (ControlPersist) of Ansible and testinfra.
         if self.ssh is not None:
             sh("pkill", "-f", f"{self.ssh}/", check=False)
-        # A namespace goes away asynchronously once its last process is reaped; so do its veths.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            links = [line.split(":")[1].strip().split("@")[0]
-                     for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines()]
-            leftover = [name for name in links if name.startswith("jlv-")]
-            if not leftover:
-                break
-            for name in leftover:
-                sh("ip", "link", "del", name, check=False)
-            time.sleep(0.2)
         if remove and self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
         if self.base is not None:  # the etcd members' data (the lab inventory keeps it in memory)

@@ -15,7 +15,11 @@ do not), "outbound" what leaves it, "both" the two.
 from __future__ import annotations
 
 import subprocess
-import time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ansible" / "lab"))
+import netlab  # noqa: E402  (a script, not a package: the lab tool's own tear-down)
 
 PREFIX = "jch-"
 BRIDGE = "jch-br"
@@ -89,26 +93,7 @@ class Network:
 
     @staticmethod
     def down() -> None:
-        """Every jch-* namespace and its processes, and the bridge."""
-        listed = sh("ip", "netns", "list", check=False).stdout.split("\n")
-        for ns in [line.split()[0] for line in listed if line.startswith(PREFIX)]:
-            for _ in range(50):
-                pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
-                if not pids:
-                    break
-                sh("kill", "-9", *pids, check=False)
-                time.sleep(0.1)
-            sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "link", "del", BRIDGE, check=False)
-        # A namespace goes away once its last process is reaped, its veth with it, asynchronously.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            links = [line.split(":")[1].strip().split("@")[0]
-                     for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines()]
-            leftover = [name for name in links if name.startswith("jchv-")]
-            if not leftover:
-                return
-            for name in leftover:
-                sh("ip", "link", "del", name, check=False)
-            time.sleep(0.2)
-        raise RuntimeError(f"veths of an earlier run stay: {leftover}")
+        """Every jch-* namespace and its processes, and the bridge (the netlab's tear-down)."""
+        leftover = netlab.remove_namespaces(PREFIX, BRIDGE, "jchv-")
+        if leftover:
+            raise RuntimeError(f"veths of an earlier run stay: {leftover}")
