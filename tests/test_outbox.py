@@ -1,5 +1,6 @@
 """The worker's outbox: atomic, durable, ordered; corrupt files are moved aside, never fatal."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -100,7 +101,8 @@ def test_a_read_only_disk_keeps_delivered_entries_for_a_later_pass_and_raises_no
     """Seen in the 2,000-fault chaos run: a result delivered while the outbox's disk was read-only
     could not be removed, and the OSError ended the slot's thread ("Exception in thread slot-0").
     Now clear() says False, the entry is sent again on a later pass (the arbiter answers a repeat
-    as the first time), and nothing of the outbox raises for a disk that refuses."""
+    as the first time), rewrite() (a 413's shrunk entry) says False and keeps the entry as it was, and
+    nothing of the outbox raises for a disk that refuses."""
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
@@ -111,6 +113,10 @@ def test_a_read_only_disk_keeps_delivered_entries_for_a_later_pass_and_raises_no
         (box.directory / ".000-9-x.json.tmp").write_text('{"half": ')
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         assert box.clear(delivered) is False
+        # A 413's shrunk entry cannot replace the full one: the full one stays, nothing raises.
+        shrunk = dataclasses.replace(box.pending()[1][1], detail={"detail_dropped": "413"})
+        assert box.rewrite(refused, shrunk) is False
+        assert box.pending()[1][1].detail == {}, "the entry on disk is the one that was there"
         box.reject(refused, "HTTP 422")
         assert [e.submission_id for _, e in box.pending()] == [5, 6], "both kept for the next pass"
         assert "a delivered result stays in the outbox" in caplog.text

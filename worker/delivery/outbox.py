@@ -129,12 +129,20 @@ class Outbox:
             entries.append((path, entry))
         return entries
 
-    def rewrite(self, path: Path, entry: Entry) -> Path:
+    def rewrite(self, path: Path, entry: Entry) -> bool:
         """Replace the entry at ``path`` (in the outbox or in rejected/) with ``entry``: the same result
-        with a changed payload, atomically, in the same file."""
+        with a changed payload, atomically, in the same file. A disk that refuses (full, read-only)
+        keeps the entry as it was: False, and the caller sends the new payload all the same (the same
+        verdict; the kept one is shrunk again on a later pass)."""
         with self._lock:
             assert path.name == entry.filename, "an entry keeps its file"
-            return self._put(entry, path.parent)
+            try:
+                self._put(entry, path.parent)
+            except OSError as exc:
+                log.warning("an outbox entry could not be rewritten: its disk refused; the entry stays as it was",
+                            extra={"file": path.name, "error": str(exc)[:200]})
+                return False
+            return True
 
     def rejected(self) -> list[tuple[Path, Entry | None]]:
         """The entries kept in rejected/ (None for one that cannot be read), oldest first."""

@@ -60,7 +60,8 @@ def render(snapshot: dict) -> str:
     arbiter = snapshot["arbiter"]
     state = "ready" if arbiter["ready"] else "NOT READY: " + "; ".join(arbiter["reasons"])
     alerts = snapshot.get("alerts", [])
-    alert_list = ("".join(f"<li>{escape(a)}</li>" for a in alerts) if alerts else "<li>none</li>")
+    alert_list = ("".join(f'<li class="firing">{escape(a)}</li>' for a in alerts) if alerts
+                  else '<li class="quiet">none</li>')
     queue = _table("queue", ["", "count"],
                    [["pending", snapshot["queue"].get("pending", 0)], ["judging", snapshot["queue"].get("judging", 0)],
                     ["open canaries (nobody's work)", snapshot["canaries_open"]],
@@ -98,7 +99,7 @@ def render(snapshot: dict) -> str:
 <title>judge-arbiter status</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1.5em}}
 td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}.s{{font-weight:bold}}
-#alerts li{{color:#a00}}svg{{border:1px solid #ccc;background:#fafafa}}.bar{{fill:#36c}}</style></head>
+#alerts li.firing{{color:#a00;font-weight:bold}}svg{{border:1px solid #ccc;background:#fafafa}}.bar{{fill:#36c}}</style></head>
 <body><h1>judge-arbiter</h1>
 <p class="s" id="arbiter">{escape(state)} &middot; leading: {_cell(arbiter['leader'])} &middot; parked requests:
 {arbiter['parked']} &middot; legacy compatibility: {_cell(arbiter['legacy_compat'])}</p>
