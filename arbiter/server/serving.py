@@ -210,6 +210,12 @@ class ArbiterWorker(UvicornWorker):
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi  # gunicorn's name for the loaded app; here the ASGI callable
+        # uvicorn's own lines (a response cut short, a protocol error) as one JSON object each, like
+        # ours: the app, loaded by now, has configured the root logger (arbiter/protocol/logs.py).
+        # UvicornWorker gave this logger gunicorn's plain-text handlers.
+        server_log = logging.getLogger("uvicorn.error")
+        server_log.handlers = []
+        server_log.propagate = True
         if self.cfg.is_ssl:
             # uvicorn builds a context from gunicorn's options; ours takes its place: TLS 1.2 or newer.
             self.config.load()

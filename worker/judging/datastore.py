@@ -32,7 +32,14 @@ READ_BYTES = 64 * 1024
 
 
 class DataUnavailable(WorkerError):
-    """The data set cannot be had now (arbiter unreachable, unknown digest, a file that does not verify)."""
+    """The data set cannot be had now (arbiter unreachable, unknown digest, a file that does not verify).
+    ``transient``: the arbiter could not be asked or could not answer now (down, cut off, its database
+    away): asking again later may work. Otherwise the answer was no (unknown digest, a file that does
+    not verify, a malformed listing) and asking again changes nothing."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 def _safe_relative(path: str) -> bool:
@@ -103,9 +110,10 @@ class DataStore:
         try:
             reply = self.client.request("GET", f"/v1/data/{digest}")
         except Unreachable as exc:
-            raise DataUnavailable(f"test data {digest[:12]}: arbiter unreachable ({exc})") from None
+            raise DataUnavailable(f"test data {digest[:12]}: arbiter unreachable ({exc})", transient=True) from None
         if reply.status != 200 or not isinstance(reply.body, dict):
-            raise DataUnavailable(f"test data {digest[:12]}: the arbiter answered {reply.status}")
+            raise DataUnavailable(f"test data {digest[:12]}: the arbiter answered {reply.status}",
+                                  transient=reply.status >= 500 or reply.status == 429)
         files = reply.body.get("files")
         if not isinstance(files, list) or not files:
             raise DataUnavailable(f"test data {digest[:12]}: empty listing")
@@ -156,12 +164,12 @@ class DataStore:
                             break
         except Unreachable as exc:
             raise DataUnavailable(f"test file {entry['path']}: {exc} ({have} of {entry['size']} bytes kept "
-                                  "to resume)") from None
+                                  "to resume)", transient=True) from None
         if have < entry["size"]:
             # The stream ended early without an error (http.client's read(n) returns b"" when the
             # server dies mid-body): a cut like any other, and what arrived is kept.
             raise DataUnavailable(f"test file {entry['path']}: the stream ended early ({have} of "
-                                  f"{entry['size']} bytes kept to resume)")
+                                  f"{entry['size']} bytes kept to resume)", transient=True)
         if have != entry["size"] or h.hexdigest() != entry["sha256"]:
             part.unlink(missing_ok=True)  # never kept: the next try starts afresh
             raise DataUnavailable(f"test file {entry['path']} does not verify ({have} bytes; sha256 "

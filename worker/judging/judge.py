@@ -15,12 +15,14 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from arbiter.protocol.compare import Comparer, ComparerError, outputs_match, parse_comparer
 from arbiter.protocol.testdata import DigestCache
 from arbiter.protocol.vocabulary import VerdictCode
+from worker.backoff import Backoff
 from worker.errors import WorkerError
 from worker.judging import detail_budget
 from worker.judging.checker import CheckerBroken, Checkers, CheckerUnusable
@@ -32,6 +34,11 @@ from worker.sandbox.runner import Sandbox, limits_for_compile
 STDERR_DETAIL_CHARS = 1000
 
 log = logging.getLogger("worker.judge")
+# Test data the arbiter cannot serve now is asked for again for this long (0.5, 1, 2 ... 5 s apart)
+# while the lease lasts: longer than a database failover (about 10 s) or an arbiter's restart.
+DATA_PATIENCE_SECS = 60.0
+DATA_RETRY_INITIAL_SECS = 0.5
+DATA_RETRY_MAX_SECS = 5.0
 
 LANGUAGES = {
     "c": {"source": "main.c", "compile": ["/usr/bin/gcc", "-O2", "-std=gnu17", "-pipe", "-o", "main", "main.c", "-lm"],
@@ -156,10 +163,7 @@ class Judge:
             if self.data_store is None:
                 raise CannotJudgeHere(problem or f"test data for problem {job.problem_id} here has digest "
                                       f"{data_digest[:12]}, the problem's is {job.data_digest[:12]}")
-            try:
-                directory = self.data_store.ensure(job.problem_id, job.data_digest)
-            except DataUnavailable as exc:
-                raise CannotJudgeHere(str(exc)) from None
+            directory = self._fetch_data(job, cancelled)
             held = job.data_digest
         try:
             if held is not None:
@@ -177,6 +181,25 @@ class Judge:
         verdict.detail = detail_budget.fit(verdict.detail)  # however many tests: far below any body limit
         verdict.data_digest = data_digest
         return verdict
+
+    def _fetch_data(self, job: Job, cancelled: threading.Event) -> Path:
+        """The data set the lease names, held. An arbiter that cannot be asked now (down, paused, cut
+        off, its database failing over) is asked again while the lease lasts (its heartbeats go on
+        meanwhile), up to DATA_PATIENCE_SECS: an outage of the arbiter must not cost the lease. A
+        definite no (unknown digest, a file that does not verify), or no answer within the patience,
+        is CannotJudgeHere: the lease goes back for a worker that has the data."""
+        backoff = Backoff(DATA_RETRY_INITIAL_SECS, DATA_RETRY_MAX_SECS)
+        deadline = time.monotonic() + DATA_PATIENCE_SECS
+        while True:
+            try:
+                return self.data_store.ensure(job.problem_id, job.data_digest)
+            except DataUnavailable as exc:
+                if not exc.transient or time.monotonic() >= deadline:
+                    raise CannotJudgeHere(str(exc)) from None
+                log.warning("test data cannot be fetched now; asking again while the lease lasts",
+                            extra={"submission_id": job.submission_id, "reason": str(exc)[:300]})
+            if cancelled.wait(backoff.next_delay()):
+                raise JudgeCancelled()
 
     def _judge(self, job: Job, tests, cancelled: threading.Event) -> Verdict:
         try:

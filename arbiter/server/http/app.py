@@ -76,7 +76,8 @@ ROUTES = [
 class ClientGone:
     """ASGI wrapper: puts into each HTTP request's scope a coroutine function that returns once the
     client has disconnected. Valid after the body was read (the server then has nothing else to
-    deliver): a parked acquire awaits it beside its ticket, so a closed connection frees its place."""
+    deliver): a parked acquire awaits it beside its ticket, so a closed connection frees its place.
+    A stream cut on purpose (base.StreamCut) ends here, handled: the connection is closed."""
 
     def __init__(self, app):
         self.app = app
@@ -88,7 +89,10 @@ class ClientGone:
                     pass
 
             scope[base.CLIENT_GONE] = client_gone
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except base.StreamCut:
+            pass  # logged where it happened; returning unfinished makes the server close the connection
 
 
 def create_asgi(runtime) -> ClientGone:

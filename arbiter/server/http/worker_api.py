@@ -15,10 +15,20 @@ import math
 import falcon
 
 from arbiter.protocol.vocabulary import LANGUAGES, VERDICTS, VerdictCode
-from arbiter.server.http.base import CLIENT_GONE, DIGEST, REQUEST_ID, Resource, field, json_reply, log, unavailable
+from arbiter.server.http.base import (
+    CLIENT_GONE,
+    DIGEST,
+    REQUEST_ID,
+    Resource,
+    StreamCut,
+    field,
+    json_reply,
+    log,
+    unavailable,
+)
 from arbiter.server.loops.tickets import Overloaded, Stopping, Ticket, TooManyParked
 from arbiter.server.metrics import METRICS
-from arbiter.store import leases, testblobs
+from arbiter.store import db, leases, testblobs
 from arbiter.store.leases import WriteOutcome
 
 
@@ -72,7 +82,15 @@ class Blob(Resource):
         seq, skip = divmod(start, chunk)
         position = start
         while position < end:
-            data = await self.db(testblobs.blob_chunk, sha256=sha256, seq=seq)
+            try:
+                data = await self.db(testblobs.blob_chunk, sha256=sha256, seq=seq)
+            except db.UNAVAILABLE as exc:
+                # The status line went out long ago: the only honest answer left is a body that ends
+                # short. The worker keeps what arrived and resumes from there (Range) once we are back.
+                log.warning("test-data download cut: the database went away mid-stream; the client resumes it",
+                            extra={"sha256": sha256[:12], "sent_bytes": position - start,
+                                   "error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})
+                raise StreamCut() from None
             piece = data[skip:skip + (end - position)]
             yield piece
             position += len(piece)
