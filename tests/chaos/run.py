@@ -12,9 +12,9 @@ happen); the network nemesis drops replies, delays requests, stalls replies and 
 twice (the copy seconds later) in per-worker HTTP proxies; the partition nemesis cuts a worker's
 link or an arbiter's link to the database (nftables drops the packets: both ways, or one); the disk
 nemesis (each worker's outbox and test-data cache are on a small tmpfs of its own) fills a worker's
-disk or makes it read-only for a while, and the worker must hand back what it cannot keep or fetch; the clock nemesis jumps
-one arbiter's or worker's wall clock an hour forward or back for a few seconds (clock.py:
-libfaketime), which must cost no lease. Every nemesis's faults count towards the run's total.
+disk or makes it read-only for a while, and the worker must hand back what it cannot keep or fetch;
+the clock nemesis jumps one arbiter's or worker's wall clock an hour forward or back for a few
+seconds (clock.py: libfaketime), which must cost no lease. Every nemesis's faults count towards the run's total.
 Meanwhile a client submits programs whose verdict it knows and rejudges some finished ones, and a
 sampler records lease_gen. At the end every fault is healed, the run waits until nothing is pending
 or judging, and ``checker.check`` reads the database and the exchanges, ``checker.log_violations``
@@ -104,6 +104,8 @@ class Lab:
         self.arbiters: dict[str, ArbiterProcess] = {}
         self.proxies: dict[tuple[str, str], FaultProxy] = {}
         self.disks: dict[str, Path] = {}
+        # One disk fault at a time on a worker's disk: the disk nemesis and stale_release both change it.
+        self.disk_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in WORKER_IDS}
         self.lazyfs: dict[str, subprocess.Popen] = {}
         self.paused: set[str] = set()
         try:
@@ -480,7 +482,12 @@ class Run:
         marker = {"stale_result": "/result", "stale_heartbeat": "/heartbeat", "stale_release": "/release"}[kind]
         armed = [p.hold_next(marker, 30.0) for p in proxies]
         if kind == "stale_release":
-            lab.remount_disk(name, "ro")
+            lab.disk_locks[name].acquire()
+            try:
+                lab.remount_disk(name, "ro")
+            except BaseException:
+                lab.disk_locks[name].release()
+                raise
         try:
             deadline = time.monotonic() + 6
             while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
@@ -488,6 +495,7 @@ class Run:
         finally:
             if kind == "stale_release":
                 lab.remount_disk(name, "rw")
+                lab.disk_locks[name].release()
                 # The disk fault that made the hand-back, on the record: it may cost that lease only
                 # as the worker's own hand-back (checker.LOCAL_DISK).
                 self.record("disk_readonly", name, started, "to make it hand a lease back")
@@ -547,15 +555,16 @@ class Run:
             name = rng.choice(sorted(lab.disks))
             kind = rng.choice(["disk_full", "disk_full", "disk_readonly"])
             secs = rng.uniform(1.0, 4.0)
-            started = time.time()
-            if kind == "disk_full":
-                filler = lab.fill_disk(name)
-                time.sleep(secs)
-                filler.unlink()
-            else:
-                lab.remount_disk(name, "ro")
-                time.sleep(secs)
-                lab.remount_disk(name, "rw")
+            with lab.disk_locks[name]:
+                started = time.time()
+                if kind == "disk_full":
+                    filler = lab.fill_disk(name)
+                    time.sleep(secs)
+                    filler.unlink()
+                else:
+                    lab.remount_disk(name, "ro")
+                    time.sleep(secs)
+                    lab.remount_disk(name, "rw")
             self.record(kind, name, started, f"{secs:.1f}s")
 
     def clock_nemesis(self) -> None:
@@ -730,6 +739,10 @@ def run(seed: int, faults: int, submissions: int, workdir: Path | None = None, l
     log(f"chaos run: seed {seed}, {faults} faults, at least {submissions} submissions "
         f"(again: python tests/chaos/run.py --seed {seed} --faults {faults} --submissions {submissions}{only})")
     root = Path(workdir or tempfile.mkdtemp(prefix="judge-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+    if any(root.iterdir()):
+        # Logs are appended to: an earlier run's lines would be checked as this run's.
+        raise SystemExit(f"chaos run: {root} is not empty (an earlier run's logs?); give a new or empty --workdir")
     lab = Lab(root)
     try:
         lab.start()
