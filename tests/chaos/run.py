@@ -255,14 +255,18 @@ class Lab:
             os.close(fd)
         return filler
 
-    def remount_disk(self, name: str, mode: str) -> None:
-        """The worker's disk (outbox and data cache) read-only ("ro") or writable again ("rw"). A remount read-only is
-        refused while a file is open for writing there (an outbox write in progress): tried again."""
-        for _ in range(50):
+    def remount_disk(self, name: str, mode: str) -> bool:
+        """The worker's disk (outbox and data cache) read-only ("ro") or writable again ("rw"). A remount
+        read-only is refused while a file is open for writing there (an outbox write, a data file on
+        its way, held open by a worker that is paused meanwhile): tried for 2 s, then False, and the
+        caller injects nothing. Writable again must work."""
+        for _ in range(100):
             if subprocess.run(["mount", "-o", f"remount,{mode}", str(self.disks[name])],
                               capture_output=True).returncode == 0:
-                return
+                return True
             time.sleep(0.02)
+        if mode == "ro":
+            return False
         raise RuntimeError(f"could not remount {name}'s disk {mode}")
 
 
@@ -483,11 +487,16 @@ class Run:
         armed = [p.hold_next(marker, 30.0) for p in proxies]
         if kind == "stale_release":
             lab.disk_locks[name].acquire()
+            read_only = False
             try:
-                lab.remount_disk(name, "ro")
-            except BaseException:
-                lab.disk_locks[name].release()
-                raise
+                read_only = lab.remount_disk(name, "ro")
+            finally:
+                if not read_only:  # held while the disk is read-only, released below
+                    lab.disk_locks[name].release()
+            if not read_only:  # a file open for writing there kept it writable: no fault
+                for p, a in zip(proxies, armed):
+                    p.disarm(a)
+                return
         try:
             deadline = time.monotonic() + 6
             while time.monotonic() < deadline and not any(a.taken.is_set() for a in armed):
@@ -561,10 +570,11 @@ class Run:
                     filler = lab.fill_disk(name)
                     time.sleep(secs)
                     filler.unlink()
-                else:
-                    lab.remount_disk(name, "ro")
+                elif lab.remount_disk(name, "ro"):
                     time.sleep(secs)
                     lab.remount_disk(name, "rw")
+                else:
+                    continue  # a file open for writing there kept it writable: no fault
             self.record(kind, name, started, f"{secs:.1f}s")
 
     def clock_nemesis(self) -> None:
