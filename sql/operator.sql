@@ -103,9 +103,6 @@ SELECT w.worker_id, w.kind, w.languages, w.slots, w.revoked_at IS NOT NULL AS re
 FROM workers w LEFT JOIN worker_pauses p ON p.worker_id = w.worker_id
 ORDER BY w.kind, w.worker_id;
 
--- name: worker_pauses_present
-SELECT to_regclass('worker_pauses') IS NOT NULL AS present;
-
 -- name: pause_worker
 -- The arbiter grants this worker no new lease (its leases run to their end). Nothing when it is
 -- paused already (the first pause's time and reason stay).

@@ -13,7 +13,7 @@ from arbiter.ctl.common import OPS, CtlError, InputError, read_secret_arg
 from arbiter.protocol.vocabulary import LANGUAGES
 
 # The worker's own parser: what judgectl stores is exactly what a worker accepts.
-from arbiter.store import credentials, status
+from arbiter.store import credentials, leases, status
 
 # How long a replaced worker credential stays valid: time to roll the new one out to the worker.
 DEFAULT_OVERLAP_SECS = 3600.0
@@ -125,7 +125,7 @@ def _known_worker(conn, worker_id: str) -> None:
     if not credentials.WORKER_ID.match(worker_id):
         raise InputError(f"bad worker id {worker_id[:80]!r}: 1-63 chars of a-z, 0-9, '_' or '-', starting with a "
                          "letter or digit")
-    if not conn.execute(OPS.worker_pauses_present).fetchone()[0]:
+    if not leases.worker_pauses_present(conn):
         raise CtlError("this database has no worker pauses before the stage-4 schema (judgectl migrate --to stage4)")
     if conn.execute(OPS.find_worker_secret, {"worker_id": worker_id}).fetchone() is None:
         raise InputError(f"no worker {worker_id!r} (judgectl worker list names them)")

@@ -46,7 +46,7 @@ _HELP = {
     "arbiter_oldest_pending_seconds": ("gauge", "Age of the oldest pending submission that has never been decided "
                                        "(0 when none), read from the database at each scrape"),
     "arbiter_workers": ("gauge", "Registered workers by state (busy: holds leases; idle: heard from within 60 s; "
-                        "silent; revoked), read from the database at each scrape"),
+                        "silent; paused by the operator; revoked), read from the database at each scrape"),
 }
 
 # Buckets (seconds) of both histograms: from a 50 ms judgement or a parked worker's instant grant to a

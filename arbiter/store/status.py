@@ -3,6 +3,7 @@ the live work, not the history (a site with ten years of submissions answers as 
 
 from __future__ import annotations
 
+from arbiter.store import leases
 from arbiter.store.sqlfiles import Statements
 
 OPS = Statements("operator.sql")
@@ -25,7 +26,7 @@ WORKER_STATES = ("busy", "idle", "silent", "paused", "revoked")
 
 def workers_of(cur) -> list[dict]:
     """Every registered worker, one row each; on the stage-4 schema also whether it is paused."""
-    pauses = cur.execute(OPS.worker_pauses_present).fetchone()["present"]
+    pauses = leases.worker_pauses_present(cur.connection)
     rows = cur.execute(OPS.status_workers_with_pauses if pauses else OPS.status_workers).fetchall()
     for row in rows:
         row.setdefault("paused", False)
@@ -54,7 +55,7 @@ def worker_state(row: dict) -> str:
     nothing new, whatever it holds) or revoked: as judgectl and /status say."""
     if row["revoked"]:
         return "revoked"
-    if row.get("paused"):
+    if row["paused"]:
         return "paused"
     if row["leases"]:
         return "busy"

@@ -18,17 +18,17 @@ from arbiter.server.metrics import METRICS
 # Scope key under which arbiter/server/http/app.py's ClientGone puts "wait until this client disconnects".
 CLIENT_GONE = "arbiter.client_gone"
 log = logging.getLogger("arbiter.http")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # matched whole (fullmatch): no trailing newline
+DIGEST = re.compile(r"[0-9a-f]{64}")  # a test-data digest (arbiter/protocol/testdata.py), matched whole
+# A worker's body nests 3-4 levels (detail.tests[i].field); anything deeper is refused before any
+# code recurses over it.
+MAX_JSON_DEPTH = 32
 
 
 class StreamCut(Exception):  # noqa: N818 - an outcome, not an error: the response ends short, on purpose
     """A streamed response ends before its Content-Length, logged and handled (the client resumes
     with Range): the ASGI wrapper (app.py) returns without completing it, so the server closes the
     connection. Raised only after the response has started."""
-REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # matched whole (fullmatch): no trailing newline
-DIGEST = re.compile(r"[0-9a-f]{64}")  # a test-data digest (arbiter/protocol/testdata.py), matched whole
-# A worker's body nests 3-4 levels (detail.tests[i].field); anything deeper is refused before any
-# code recurses over it.
-MAX_JSON_DEPTH = 32
 
 
 # -- request helpers ------------------------------------------------------------
