@@ -301,8 +301,10 @@ UPDATE workers SET last_seen_at = now() WHERE worker_id = %(worker_id)s
 -- read: when each worker last got a lease (round-robin fairness is rebuilt from the table).
 SELECT worker_id, last_lease_at FROM workers WHERE worker_id = ANY(%(worker_ids)s);
 
--- name: legacy_tables_present
-SELECT to_regclass('judge_dispatch_state') IS NOT NULL AS present;
+-- name: dispatch_tables_present
+-- The schema the dispatcher follows, in one look: the legacy scheme's tables (stages 1-3) and the
+-- stage-4 schema's paused workers (005_worker_pauses).
+SELECT to_regclass('judge_dispatch_state') IS NOT NULL AS legacy, to_regclass('worker_pauses') IS NOT NULL AS pauses;
 
 -- name: worker_pauses_present
 -- The stage-4 schema's table of paused workers (005_worker_pauses); stages 2-3 run without it.

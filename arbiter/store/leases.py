@@ -445,8 +445,10 @@ def claimable_real_languages(conn: psycopg.Connection) -> set[str]:
     return {row[0] for row in conn.execute(Q.claimable_real_languages).fetchall()}
 
 
-def legacy_tables_present(conn: psycopg.Connection) -> bool:
-    return bool(conn.execute(Q.legacy_tables_present).fetchone()[0])
+def dispatch_tables_present(conn: psycopg.Connection) -> tuple[bool, bool]:
+    """(the legacy scheme's tables, the worker pauses' table) are in the schema."""
+    legacy, pauses = conn.execute(Q.dispatch_tables_present).fetchone()
+    return bool(legacy), bool(pauses)
 
 
 def worker_pauses_present(conn: psycopg.Connection) -> bool:

@@ -230,12 +230,11 @@ class Dispatcher:
             now = time.monotonic()
             if self._legacy_checked_at is None or now - self._legacy_checked_at > LEGACY_RECHECK_SECS:
                 # Stage 4 and its rollback happen while arbiters run: follow the schema, not a start-up snapshot.
-                present = leases.legacy_tables_present(conn)
+                # The stage-4 schema records paused workers (005_worker_pauses); stages 2-3 have none.
+                present, self.pauses_present = leases.dispatch_tables_present(conn)
                 if self._legacy_checked_at is None or present != self.legacy_compat:
                     log.info("dispatch mode", extra={"legacy_compat": present})
                 self.legacy_compat = present
-                # The stage-4 schema records paused workers (005_worker_pauses); stages 2-3 have none.
-                self.pauses_present = leases.worker_pauses_present(conn)
                 self._legacy_checked_at = now
             tickets = self.parked_snapshot()
             claimable = leases.ClaimableWork([])
