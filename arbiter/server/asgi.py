@@ -1,19 +1,27 @@
 """ASGI entry point for gunicorn: ``arbiter.server.asgi:app``, served by ``arbiter.server.serving.ArbiterWorker``
-(one worker process; see gunicorn.conf.py)."""
+(one process per role, see arbiter/server/roles.py and gunicorn.conf.py)."""
 
 from __future__ import annotations
 
 import os
 
 from arbiter.protocol import logs
+from arbiter.server import roles
 from arbiter.server.config import load_settings
-from arbiter.server.http.app import create_asgi
-from arbiter.server.runtime import Runtime
+from arbiter.server.http.app import create_asgi, create_lease_asgi
+from arbiter.server.metrics import COUNTER_DIR_ENV, CounterFiles
+from arbiter.server.runtime import LeaseRuntime, Runtime
 
 # The same variable sets gunicorn's own log level (gunicorn.conf.py).
 logs.configure(os.environ.get("JUDGE_ARBITER_LOGLEVEL", "info").upper())
 settings = load_settings()
-runtime = Runtime(settings).start()
-app = create_asgi(runtime)
-# The listening socket is gunicorn's and already bound; from here on requests are served.
-runtime.notifier.ready("serving")
+_counter_dir = os.environ.get(COUNTER_DIR_ENV, "").partition(":")[2]
+counters = CounterFiles(_counter_dir) if _counter_dir else None
+if roles.current_role() == roles.LEASE:
+    runtime = LeaseRuntime(settings, publisher=counters).start()
+    app = create_lease_asgi(runtime)
+else:
+    runtime = Runtime(settings, counters=counters).start()
+    app = create_asgi(runtime)
+    # The listening socket is gunicorn's and already bound; from here on requests are served.
+    runtime.notifier.ready("serving")

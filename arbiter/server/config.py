@@ -23,6 +23,14 @@ class ArbiterSettings:
     # dsn is a transaction pooler such as PgBouncer; without it everything uses dsn.
     session_dsn: str = ""
     bind: str = "127.0.0.1:8080"
+    # Lease traffic on more processes (docs/decisions.md, "Lease traffic on more than one process"):
+    # with lease_bind set, lease_processes processes serve heartbeats, results, releases and test
+    # data there, and every grant names that port (lease_port) to its worker; the one process on
+    # `bind` parks acquires and dispatches, as it does alone without lease_bind. Workers reach the
+    # lease port at the host name of their arbiter URL. lease_processes: by default the CPUs this
+    # process may run on, less one for the dispatching process (at least 1, at most 16).
+    lease_bind: str = ""
+    lease_processes: int = 1
     # HTTPS (both or neither): the server certificate (chain) and its key (mode 0600). TLS 1.2 or newer.
     tls_certfile: str = ""
     tls_keyfile: str = ""
@@ -135,6 +143,8 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
     types = {"str": str, "float": float, "int": int}
     values = {k: _coerce(k, types[known[k]], v) for k, v in raw.items()}
+    if "lease_processes" not in values:
+        values["lease_processes"] = default_lease_processes()
     settings = ArbiterSettings(**values)
     if not settings.dsn:
         raise ConfigError("no database configured: set 'dsn' (or 'dsn_file') in the config file or JUDGE_DSN")
@@ -162,8 +172,39 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
                           "away at once)")
     if settings.unconfirmed_secs > settings.lease_secs:
         raise ConfigError("unconfirmed_secs must not exceed lease_secs")
+    _check_lease_bind(settings)
     _check_tls(settings)
     return settings
+
+
+MAX_LEASE_PROCESSES = 16
+
+
+def default_lease_processes() -> int:
+    """One lease-serving process per CPU this process may use, less the dispatching process's."""
+    return max(1, min(MAX_LEASE_PROCESSES, len(os.sched_getaffinity(0)) - 1))
+
+
+def bind_port(bind: str) -> int | None:
+    """The port of a ``host:port`` bind (``[v6]:port`` too); None if it names none."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return int(port)
+
+
+def _check_lease_bind(settings: ArbiterSettings) -> None:
+    if not 1 <= settings.lease_processes <= MAX_LEASE_PROCESSES:
+        raise ConfigError(f"config key 'lease_processes' must be 1..{MAX_LEASE_PROCESSES}")
+    if not settings.lease_bind:
+        return
+    port = bind_port(settings.lease_bind)
+    if port is None:
+        raise ConfigError(f"config key 'lease_bind' must be host:port (a TCP port 1-65535), "
+                          f"got {settings.lease_bind!r}")
+    if settings.lease_bind == settings.bind or port == bind_port(settings.bind):
+        raise ConfigError("config key 'lease_bind' must name a port other than bind's: the two are served by "
+                          "different processes")
 
 
 def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:

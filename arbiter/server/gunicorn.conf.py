@@ -1,15 +1,20 @@
 """gunicorn settings for the arbiter (used by ``judge-arbiter`` and the systemd unit).
 
-One worker process: parked requests and the dispatcher live in that process's
-memory, and only one arbiter dispatches at a time anyway (leader lock). It serves
-on an asyncio loop (arbiter/server/serving.py): a parked long-poll or a slow client costs
-a socket, not a thread; the dispatcher refuses to park more than max_parked.
+One process parks requests and dispatches (they live in its memory, and only one arbiter
+dispatches at a time anyway: the leader lock); with ``lease_bind`` set, ``lease_processes`` more
+serve lease traffic on that address (arbiter/server/roles.py). Each serves on an asyncio loop
+(arbiter/server/serving.py): a parked long-poll or a slow client costs a socket, not a thread; the
+dispatcher refuses to park more than max_parked.
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
+from arbiter.server import roles
 from arbiter.server.config import ConfigError, load_settings
+from arbiter.server.metrics import COUNTER_DIR_ENV
 from arbiter.server.serving import WORKER_CLASS
 
 try:
@@ -18,11 +23,25 @@ except ConfigError as exc:
     sys.stderr.write(f"judge-arbiter: config error: {exc}\n")
     sys.exit(2)
 
-bind = [_settings.bind]
+bind = roles.binds(_settings)
 if _settings.tls_certfile:
     # HTTPS: the worker class (arbiter/server/serving.py) holds the context to TLS 1.2 or newer.
     certfile, keyfile = _settings.tls_certfile, _settings.tls_keyfile
-workers = 1
+workers = roles.worker_count(_settings)
+if _settings.lease_bind and not os.environ.get(COUNTER_DIR_ENV, "").startswith(f"{os.getpid()}:"):
+    # Where the lease processes leave their counters for /metrics (arbiter/server/metrics.py); made
+    # once per master (this file runs again on a reload), removed when it exits.
+    os.environ[COUNTER_DIR_ENV] = f"{os.getpid()}:{tempfile.mkdtemp(prefix='judge-arbiter-counters-')}"
+pre_fork = roles.assign
+on_reload = roles.on_reload
+
+
+def on_exit(server):
+    owner, _, directory = os.environ.get(COUNTER_DIR_ENV, "").partition(":")
+    if directory and owner == str(os.getpid()):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 worker_class = WORKER_CLASS
 # The worker's loop notifies the master every tick; a worker silent this long is hung.
 timeout = 60

@@ -1,8 +1,22 @@
-"""A small Prometheus text-format registry (counters, gauges and histograms with labels)."""
+"""A small Prometheus text-format registry (counters, gauges and histograms with labels).
+
+With lease processes (arbiter/server/roles.py) each process counts its own requests: a lease process
+writes its counters and histograms to a file of its own in a directory the gunicorn master made
+(``CounterFiles``, once a second and when it stops), and the dispatching process's /metrics adds
+every file to its own. A file outlives its process, so a lease process that restarts does not set
+its counters back (its successor writes a file of its own). Gauges stay each process's own: the
+ones /metrics shows are the dispatching process's.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
+from pathlib import Path
+
+log = logging.getLogger("arbiter.metrics")
 
 _HELP = {
     "arbiter_parked_requests": ("gauge", "Acquire requests parked right now"),
@@ -99,9 +113,21 @@ class Metrics:
         with self._lock:
             return self._values.get((name, tuple(sorted(labels.items()))), 0)
 
-    def render(self) -> str:
+    def counts(self) -> list[tuple[str, list[list[str]], float]]:
+        """The counters' and histograms' samples (what sums over processes), as JSON can hold them."""
         with self._lock:
-            items = sorted(self._values.items())
+            items = list(self._values.items())
+        return [(name, [list(pair) for pair in labels], value) for (name, labels), value in items
+                if _HELP.get(_family(name), ("",))[0] in ("counter", "histogram")]
+
+    def render(self, others: list | None = None) -> str:
+        """The text format; ``others``: other processes' ``counts()``, added to this one's."""
+        with self._lock:
+            values = dict(self._values)
+        for name, labels, value in others or ():
+            key = (name, tuple(tuple(pair) for pair in labels))
+            values[key] = values.get(key, 0) + value
+        items = sorted(values.items())
         lines: list[str] = []
         seen: set[str] = set()
         for (name, labels), value in _histogram_order(items):
@@ -147,3 +173,37 @@ def _histogram_order(items):
 
 
 METRICS = Metrics()
+
+# The gunicorn master puts the directory for CounterFiles here (arbiter/server/gunicorn.conf.py).
+COUNTER_DIR_ENV = "JUDGE_ARBITER_COUNTER_DIR"
+
+
+class CounterFiles:
+    """Counters across a gunicorn master's processes: one JSON file per lease process."""
+
+    def __init__(self, directory: str | os.PathLike, metrics: Metrics = METRICS):
+        self.directory = Path(directory)
+        self.metrics = metrics
+        self._own = self.directory / f"{os.getpid()}.json"
+        self._lock = threading.Lock()
+
+    def publish(self) -> None:
+        """This process's counts, replacing its file whole (a reader never sees half of one)."""
+        data = json.dumps(self.metrics.counts())
+        with self._lock:
+            partial = self._own.with_suffix(".partial")
+            try:
+                partial.write_text(data, encoding="utf-8")
+                partial.replace(self._own)
+            except OSError as exc:
+                log.warning("cannot write this process's counters", extra={"error": str(exc)})
+
+    def others(self) -> list:
+        """Every lease process's counts, living or gone."""
+        out: list = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                out.extend(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue  # removed meanwhile, or a file that is not ours
+        return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import resource
 import sys
@@ -31,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
+from arbiter.server import roles
 from arbiter.server.config import server_ssl_context
 from arbiter.server.metrics import METRICS
 
@@ -175,7 +177,7 @@ class ArbiterServer(Server):
 
 def _close_parking() -> None:
     runtime = getattr(sys.modules.get("arbiter.server.asgi"), "runtime", None)
-    if runtime is not None:
+    if runtime is not None and runtime.role == roles.DISPATCH:
         # The lock first: a standby waiting on it leads within milliseconds, so the workers this turns
         # away find it leading (a rolling upgrade's hand-over; its requests in flight finish here).
         runtime.leader.resign()
@@ -206,6 +208,8 @@ class ArbiterWorker(UvicornWorker):
 
     def init_process(self) -> None:
         _raise_fd_limit()
+        # Before the app is loaded (next, in this process): it builds what its role needs (asgi.py).
+        os.environ[roles.ROLE_ENV] = roles.role_of(self)
         super().init_process()
 
     async def _serve(self) -> None:
@@ -222,7 +226,7 @@ class ArbiterWorker(UvicornWorker):
             self.config.ssl = server_ssl_context(self.cfg.ssl_options["certfile"], self.cfg.ssl_options["keyfile"])
         server = ArbiterServer(config=self.config)
         self._install_sigquit_handler()
-        await server.serve(sockets=self.sockets)
+        await server.serve(sockets=roles.sockets_for(roles.role_of(self), self.sockets))
         if not server.started:
             from gunicorn.arbiter import Arbiter
 

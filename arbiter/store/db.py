@@ -68,6 +68,11 @@ def connect_session(settings) -> psycopg.Connection:
     return psycopg.connect(settings.session_dsn or settings.dsn, **connect_kwargs(settings, session=True))
 
 
+def ping(conn: psycopg.Connection) -> None:
+    """The cheapest statement the server must answer: is it there?"""
+    conn.execute("SELECT 1")
+
+
 class DbHealth:
     """Whether the database answered lately. Flipped down by any failed call, up by a good one."""
 

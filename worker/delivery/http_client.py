@@ -7,6 +7,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ def _probe_while_parked(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECS)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+
+
+# A lease URL that did not answer is passed over this long (its arbiter URL serves the same routes).
+LEASE_URL_BENCH_SECS = 30.0
 
 
 class Unreachable(WorkerError):
@@ -59,6 +64,10 @@ class ArbiterClient:
         # A parked long-poll ends at once when the worker stops (abort_acquire), not at its deadline.
         self._acquire_aborted = threading.Event()
         self._acquire_sock: socket.socket | None = None
+        # arbiter URL -> its lease URL, as its grants named it (lease_port; docs/protocol.md), and
+        # lease URL -> until when (monotonic) it is passed over after it failed to answer.
+        self._lease_urls: dict[str, str] = {}
+        self._lease_url_benched: dict[str, float] = {}
 
     def _conn(self, base: str, timeout: float) -> http.client.HTTPConnection:
         conns = getattr(self._local, "conns", None)
@@ -130,11 +139,38 @@ class ArbiterClient:
             except OSError:
                 pass
 
+    def _order(self, lease_traffic: bool = False) -> list[str]:
+        """Where to send a request, in order: the preferred arbiter URL and then the others; for lease
+        traffic the preferred arbiter's lease URL first, unless it failed within LEASE_URL_BENCH_SECS."""
+        order = self.urls[self._preferred:] + self.urls[: self._preferred]
+        if lease_traffic:
+            lease_url = self._lease_urls.get(order[0])
+            if lease_url is not None and self._lease_url_benched.get(lease_url, 0.0) <= time.monotonic():
+                order.insert(0, lease_url)
+        return order
+
+    def _failed(self, base: str) -> None:
+        """``base`` did not answer: a lease URL is passed over for a while (the arbiter URL serves the
+        same routes), so a lease port that is firewalled costs one timeout, not one per heartbeat."""
+        if base not in self.urls:
+            self._lease_url_benched[base] = time.monotonic() + LEASE_URL_BENCH_SECS
+
+    def learn_lease_port(self, port) -> None:
+        """A grant from the preferred arbiter named its lease port: its lease traffic goes there, at
+        the same scheme and host."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            return
+        base = self.urls[self._preferred]
+        parsed = urllib.parse.urlsplit(base)
+        host = f"[{parsed.hostname}]" if ":" in (parsed.hostname or "") else parsed.hostname
+        self._lease_urls[base] = f"{parsed.scheme}://{host}:{port}"
+
     def request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None,
-                parks: bool = False) -> Reply:
+                parks: bool = False, lease_traffic: bool = False) -> Reply:
         """Send to the preferred arbiter; on connection failure or 503 try the others once.
 
-        ``parks``: the request may be held by the server (a long-poll acquire); abort_acquire ends it."""
+        ``parks``: the request may be held by the server (a long-poll acquire); abort_acquire ends it.
+        ``lease_traffic``: a heartbeat, result or release, tried at the lease URL first."""
         timeout = timeout or self.timeout
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Authorization": f"Bearer {self.credential()}", "Accept": "application/json"}
@@ -142,8 +178,7 @@ class ArbiterClient:
             headers["Content-Type"] = "application/json"
         last_error = "no arbiter tried"
         retry_after = None
-        order = self.urls[self._preferred:] + self.urls[: self._preferred]
-        for base in order:
+        for base in self._order(lease_traffic):
             try:
                 response, raw = self._send(base, method, path, payload, headers, timeout, parks)
             except Unreachable:
@@ -154,6 +189,7 @@ class ArbiterClient:
                     self._drop(base)
                     raise Unreachable("stopping: acquire aborted") from exc
                 self._drop(base)
+                self._failed(base)
                 last_error = f"{base}: {type(exc).__name__}: {exc}"
                 continue
             reply_headers = {k.lower(): v for k, v in response.getheaders()}
@@ -167,8 +203,10 @@ class ArbiterClient:
                     retry_after = float(reply_headers.get("retry-after", "1"))
                 except ValueError:
                     retry_after = 1.0
+                self._failed(base)
                 continue
-            self._preferred = self.urls.index(base)
+            if base in self.urls:
+                self._preferred = self.urls.index(base)
             return Reply(response.status, parsed if isinstance(parsed, dict) else None, reply_headers)
         raise Unreachable(last_error, retry_after)
 
@@ -179,8 +217,7 @@ class ArbiterClient:
         if offset:
             headers["Range"] = f"bytes={offset}-"
         last_error = "no arbiter tried"
-        order = self.urls[self._preferred:] + self.urls[: self._preferred]
-        for base in order:
+        for base in self._order(lease_traffic=True):
             parsed = urllib.parse.urlsplit(base)
             if parsed.scheme == "https":
                 conn = http.client.HTTPSConnection(parsed.hostname, parsed.port, timeout=self.timeout,
@@ -192,12 +229,14 @@ class ArbiterClient:
                     conn.request("GET", path, headers=headers)
                     response = conn.getresponse()
                 except (OSError, http.client.HTTPException) as exc:
+                    self._failed(base)
                     last_error = f"{base}: {type(exc).__name__}: {exc}"
                     continue
                 if response.status not in (200, 206):
                     last_error = f"{base}: {response.status}"
                     response.read(4096)
                     if response.status == 503:
+                        self._failed(base)
                         continue
                     raise Unreachable(last_error)
                 skip = offset if response.status == 200 else 0  # a server that ignored the Range
@@ -225,14 +264,18 @@ class ArbiterClient:
             body["slot"] = slot
         # The server may hold it wait_secs; beyond that, the same margin as any request (request_timeout_secs):
         # an arbiter whose host went silent costs a parked worker no more than that before the next URL.
-        return self.request("POST", "/v1/acquire", body, timeout=wait_secs + self.timeout, parks=True)
+        reply = self.request("POST", "/v1/acquire", body, timeout=wait_secs + self.timeout, parks=True)
+        if reply.status == 200 and reply.body is not None and "lease_port" in reply.body:
+            self.learn_lease_port(reply.body["lease_port"])
+        return reply
 
     def heartbeat(self, submission_id: int, lease_token: str) -> Reply:
-        return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token})
+        return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token},
+                            lease_traffic=True)
 
     def release(self, submission_id: int, lease_token: str, reason: str) -> Reply:
         return self.request("POST", f"/v1/leases/{submission_id}/release",
-                            {"lease_token": lease_token, "reason": reason[:500]})
+                            {"lease_token": lease_token, "reason": reason[:500]}, lease_traffic=True)
 
     def result(self, submission_id: int, payload: dict) -> Reply:
-        return self.request("POST", f"/v1/leases/{submission_id}/result", payload)
+        return self.request("POST", f"/v1/leases/{submission_id}/result", payload, lease_traffic=True)

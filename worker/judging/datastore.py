@@ -108,7 +108,7 @@ class DataStore:
 
     def _listing(self, digest: str) -> list[dict]:
         try:
-            reply = self.client.request("GET", f"/v1/data/{digest}")
+            reply = self.client.request("GET", f"/v1/data/{digest}", lease_traffic=True)
         except Unreachable as exc:
             raise DataUnavailable(f"test data {digest[:12]}: arbiter unreachable ({exc})", transient=True) from None
         if reply.status != 200 or not isinstance(reply.body, dict):

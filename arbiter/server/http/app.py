@@ -57,13 +57,18 @@ async def _unexpected(req, resp, exc, params):
     raise falcon.HTTPInternalServerError(title="internal error")
 
 
-ROUTES = [
-    ("/v1/acquire", worker_api.Acquire),
+# What needs no parked state: served by the dispatching process and by every lease process.
+LEASE_ROUTES = [
     ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/heartbeat", worker_api.Heartbeat),
     ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/result", worker_api.Result),
     ("/v1/leases/{submission_id:int(min=1, max=9223372036854775807)}/release", worker_api.Release),
     ("/v1/data/{digest}", worker_api.DataSet),
     ("/v1/blobs/{sha256}", worker_api.Blob),
+]
+
+ROUTES = [
+    ("/v1/acquire", worker_api.Acquire),
+    *LEASE_ROUTES,
     ("/v1/status", operator_api.StatusJson),
     ("/status", operator_api.StatusPage),
     ("/healthz", operator_api.Healthz),
@@ -100,12 +105,19 @@ def create_asgi(runtime) -> ClientGone:
     return ClientGone(create_app(runtime))
 
 
-def create_app(runtime) -> falcon.asgi.App:
+def create_lease_asgi(runtime) -> ClientGone:
+    """What a lease process serves (arbiter/server/roles.py): lease traffic and its probes only. An
+    acquire sent here is a 404: it belongs on the arbiter URL, where the parked requests are."""
+    return ClientGone(create_app(runtime, LEASE_ROUTES + [("/healthz", operator_api.Healthz),
+                                                           ("/readyz", operator_api.LeaseReadyz)]))
+
+
+def create_app(runtime, routes=None) -> falcon.asgi.App:
     app = falcon.asgi.App(middleware=[RequestLog(), DatabaseGate(runtime), WorkerAuth(runtime),
                                  OperatorAccess(runtime.settings.operator_token)])
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(db.UNAVAILABLE, _database_unavailable(runtime))
-    for path, resource in ROUTES:
+    for path, resource in routes or ROUTES:
         app.add_route(path, resource(runtime))
     return app

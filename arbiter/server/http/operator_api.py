@@ -4,6 +4,7 @@ status (JSON for judgectl, a page for people) and the OpenAPI description."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import falcon
@@ -27,6 +28,16 @@ class Readyz(Resource):
         json_reply(resp, falcon.HTTP_200 if ready else falcon.HTTP_503, body)
 
 
+class LeaseReadyz(Resource):
+    """A lease process's readiness (arbiter/server/roles.py): it needs the database and nothing else."""
+
+    async def on_get(self, req, resp):
+        up = self.runtime.health.up
+        json_reply(resp, falcon.HTTP_200 if up else falcon.HTTP_503,
+                   {"ready": up, "reasons": [] if up else ["database unreachable"], "db_up": up,
+                    "role": self.runtime.role, "pid": os.getpid()})
+
+
 class Metrics(Resource):
     operator = True
 
@@ -38,7 +49,8 @@ class Metrics(Resource):
             except db.UNAVAILABLE:
                 pass  # arbiter_db_up says so at the next scrape; the rest of the metrics are still worth a reply
         resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
-        resp.text = METRICS.render()
+        counters = self.runtime.counters
+        resp.text = METRICS.render(counters.others() if counters is not None else None)
 
 
 def _queue_gauges(runtime) -> None:

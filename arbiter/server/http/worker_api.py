@@ -15,6 +15,7 @@ import math
 import falcon
 
 from arbiter.protocol.vocabulary import LANGUAGES, VERDICTS, VerdictCode
+from arbiter.server.config import bind_port
 from arbiter.server.http.base import (
     CLIENT_GONE,
     DIGEST,
@@ -101,6 +102,18 @@ class Acquire(Resource):
     routine = True
     auth = True
 
+    def __init__(self, runtime):
+        super().__init__(runtime)
+        # With lease processes (arbiter/server/roles.py) a grant names their port: the worker sends
+        # this lease's heartbeats, result, release and data fetches there, at its arbiter URL's host.
+        self.lease_port = bind_port(self.settings.lease_bind) if self.settings.lease_bind else None
+
+    def _grant(self, lease: leases.Lease) -> dict:
+        grant = lease.as_json()
+        if self.lease_port is not None:
+            grant["lease_port"] = self.lease_port
+        return grant
+
     async def on_post(self, req, resp):
         worker = req.context.worker
         body = await self.read_json(req)
@@ -129,7 +142,7 @@ class Acquire(Resource):
             state, lease = earlier
             METRICS.inc("arbiter_acquires_total", outcome=f"retry_{state.value}")
             if state is leases.GrantState.LIVE:
-                return json_reply(resp, falcon.HTTP_200, lease.as_json())
+                return json_reply(resp, falcon.HTTP_200, self._grant(lease))
             raise falcon.HTTPGone(title="lease gone",
                                   description="this request_id was served and its lease is no longer live; "
                                               "acquire with a new request_id")
@@ -164,7 +177,7 @@ class Acquire(Resource):
             lease = await self.runtime.dispatcher.unpark_async(ticket)
         if lease is not None:
             METRICS.inc("arbiter_acquires_total", outcome="leased")
-            return json_reply(resp, falcon.HTTP_200, lease.as_json())
+            return json_reply(resp, falcon.HTTP_200, self._grant(lease))
         if self.runtime.dispatcher.stopping:
             raise unavailable("this arbiter is stopping", 1)
         if not self.runtime.leader.is_leader:

@@ -130,7 +130,7 @@ class LeaderLock:
             self._conn = db.connect_session(self.settings)  # a session-level lock
             self._conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_wait_ms}ms",))
         if self.is_leader:
-            self._conn.execute("SELECT 1")
+            db.ping(self._conn)
             self.health.mark_up()
             return
         try:

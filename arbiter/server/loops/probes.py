@@ -11,6 +11,7 @@ wedged dispatch loop cannot silence it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -98,5 +99,8 @@ def readiness(runtime) -> tuple[bool, dict]:
         "parked": len(runtime.dispatcher.parked_snapshot()),
         "legacy_compat": runtime.dispatcher.legacy_compat,
         "stuck_alert": runtime.monitor.alerting,
+        # Which process answered (arbiter/server/roles.py): a probe of the process, not of a submission.
+        "role": runtime.role,
+        "pid": os.getpid(),
     }
     return not reasons, body
