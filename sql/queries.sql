@@ -279,6 +279,13 @@ RETURNING id, lease_gen;
 SELECT language, pinned_worker, count(*) FROM submissions WHERE status = 'pending'
 GROUP BY language, pinned_worker;
 
+-- name: pinned_work
+-- read: claimable_work's pinned rows alone (a pinned row is a canary: a check says so), from the
+-- partial index of pending canaries: what a round that knows the unpinned work already looks at.
+SELECT language, pinned_worker, count(*) FROM submissions
+WHERE status = 'pending' AND canary_expect IS NOT NULL AND pinned_worker IS NOT NULL
+GROUP BY language, pinned_worker;
+
 -- name: claimable_real_languages
 -- read: languages with pending real work (canaries left out): what the stuck alert watches, since a
 -- canary pinned to a worker that went away is the gate's failure to report, not a stuck dispatch.

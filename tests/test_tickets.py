@@ -458,6 +458,75 @@ def test_a_request_id_served_before_makes_the_batch_match_one_by_one(batch_dispa
         assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'judging'").fetchone() == (5,)
 
 
+# -- the work known from one round to the next (Dispatcher._look) -------------------------------------
+def _looks(kind: str) -> float:
+    from arbiter.server.metrics import METRICS
+
+    return METRICS.get("arbiter_dispatch_looks_total", look=kind)
+
+
+def test_a_deep_queue_is_counted_once_then_known_and_a_new_pin_is_still_seen(batch_dispatcher):
+    """Work for many rounds: the first round counts the queue (claimable_work), the next rounds go by
+    what it counted less what they granted (only the pinned canaries are read again), and a canary
+    pinned to a parked worker meanwhile still goes to that worker in the next round. Once the known
+    work no longer covers the parked requests, the queue is counted again."""
+    from arbiter.store import canary
+
+    d, db = batch_dispatcher
+    with db.connect() as conn:
+        workers = _workers(conn, "home", 4, "home")
+        seed_submissions(conn, 10)
+    full, pins = _looks("full"), _looks("pins")
+
+    def park_all(tag: str) -> list:
+        tickets = [ticket(w, f"{tag}-{w.worker_id}") for w in workers]
+        for t in tickets:
+            d.park(t)
+        return tickets
+
+    first = park_all("a")
+    d.round()
+    assert all(t.state is TicketState.LEASED for t in first)
+    assert (_looks("full") - full, _looks("pins") - pins) == (1, 0)
+    with db.connect() as conn:
+        pinned = canary.submit(conn, "python3", pinned_worker="home-002")
+    d._dirty = True  # as the NOTIFY of the canary's insert would
+    second = park_all("b")
+    d.round()
+    assert (_looks("full") - full, _looks("pins") - pins) == (1, 1)  # 6 known for 4 requests
+    assert second[2].lease.submission_id == pinned
+    assert all(t.state is TicketState.LEASED for t in second)
+    third = park_all("c")  # 3 real ones left, known: fewer than the 4 requests
+    d.round()
+    assert (_looks("full") - full, _looks("pins") - pins) == (2, 1)
+    assert sum(t.state is TicketState.LEASED for t in third) == 3
+
+
+def test_known_work_that_was_taken_elsewhere_costs_one_statement_and_then_a_look(batch_dispatcher):
+    """The known work can be wrong (an operator's change, another leader): a round that acts on it
+    and finds less marks it exhausted, and the next round counts the queue again."""
+    d, db = batch_dispatcher
+    with db.connect() as conn:
+        workers = _workers(conn, "home", 2, "home")
+        seed_submissions(conn, 6)
+    tickets = [ticket(w, f"a-{w.worker_id}") for w in workers]
+    for t in tickets:
+        d.park(t)
+    d.round()  # counted 6, granted 2: 4 known
+    with db.connect() as conn:
+        conn.execute("UPDATE submissions SET status = 'CE' WHERE status = 'pending'")
+    full = _looks("full")
+    tickets = [ticket(w, f"b-{w.worker_id}") for w in workers]
+    for t in tickets:
+        d.park(t)
+    d._dirty = True
+    d.round()
+    assert _looks("full") == full and not any(t.state is TicketState.LEASED for t in tickets)
+    d._dirty = True
+    d.round()
+    assert _looks("full") == full + 1
+
+
 # -- the dispatcher's loop after a database outage ---------------------------------------------------
 def test_leadership_gained_ends_the_dispatchers_back_off_at_once(db, monkeypatch):
     """A database failover: the dispatcher's rounds fail and it backs off; the leader lock is taken
