@@ -124,6 +124,18 @@ JOIN submissions s ON s.id = g.submission_id
 JOIN problems p ON p.id = s.problem_id
 WHERE g.worker_id = %(worker_id)s AND g.request_id = %(request_id)s;
 
+-- name: find_lease_grants
+-- read: find_lease_grant for many requests at once (a dispatch round's look at the requests parked
+-- since the last one): only those served before have a row.
+SELECT g.worker_id, g.request_id, g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug,
+       s.problem_id, s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms,
+       p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
+       (s.status = 'judging' AND s.lease_token = g.lease_token) AS live
+FROM unnest(%(worker_ids)s::text[], %(request_ids)s::text[]) AS r(worker_id, request_id)
+JOIN lease_grants g ON g.worker_id = r.worker_id AND g.request_id = r.request_id
+JOIN submissions s ON s.id = g.submission_id
+JOIN problems p ON p.id = s.problem_id;
+
 -- name: heartbeat_lease
 -- arrow: judging -> judging (confirm on the first call, extend on each).
 UPDATE submissions

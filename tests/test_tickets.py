@@ -138,6 +138,20 @@ def test_leadership_lost_answers_every_waiting_request_and_a_match_in_flight_end
     assert leave(lot, matched, 0) is LEASE and leave(lot, unmatched, 0) is None
 
 
+def test_a_refused_retry_is_withdrawn_flagged_and_a_ticket_no_longer_parked_is_left_alone():
+    lot = ParkingLot(10, 4)
+    t = ticket(HOME1, "r")
+    lot.park(t)
+    lot.refuse(t)
+    assert t.state is TicketState.WITHDRAWN and t.earlier_gone and t.event.is_set()
+    assert lot.begin_leave(t) == (True, None)
+    matching = ticket(HOME1, "s")
+    lot.park(matching)
+    assert lot.begin_match(matching)
+    lot.refuse(matching)  # a round's own match in flight: refuse is for parked tickets only
+    assert matching.state is TicketState.MATCHING and not matching.earlier_gone
+
+
 def test_capacity_and_the_per_worker_share():
     lot = ParkingLot(3, 2)
     lot.park(ticket(HOME1, "a"))

@@ -197,6 +197,15 @@ def find_grant(conn: psycopg.Connection, worker_id: str, request_id: str) -> tup
     return (GrantState.LIVE if row["live"] else GrantState.DEAD), _lease_from_row(row)
 
 
+def find_grants(conn: psycopg.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[GrantState, Lease]]:
+    """find_grant for many (worker_id, request_id) at once: those served before, by key."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(Q.find_lease_grants, {"worker_ids": [w for w, _ in keys],
+                                                 "request_ids": [r for _, r in keys]}).fetchall()
+    return {(row["worker_id"], row["request_id"]): (GrantState.LIVE if row["live"] else GrantState.DEAD,
+                                                    _lease_from_row(row)) for row in rows}
+
+
 def acquire(
     conn: psycopg.Connection,
     *,

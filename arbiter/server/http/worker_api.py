@@ -137,15 +137,8 @@ class Acquire(Resource):
         # A longer wait than this arbiter allows is served as its longest: a worker configured for a
         # longer long-poll than the arbiter (a config mismatch) still gets work instead of 400 forever.
         wait = min(wait, self.settings.long_poll_max_secs)
-        earlier = await self.db(leases.find_grant, worker_id=worker.worker_id, request_id=request_id)
-        if earlier is not None:
-            state, lease = earlier
-            METRICS.inc("arbiter_acquires_total", outcome=f"retry_{state.value}")
-            if state is leases.GrantState.LIVE:
-                return json_reply(resp, falcon.HTTP_200, self._grant(lease))
-            raise falcon.HTTPGone(title="lease gone",
-                                  description="this request_id was served and its lease is no longer live; "
-                                              "acquire with a new request_id")
+        # A retried request_id is recognised by the dispatch round that sees its ticket first (one
+        # lookup for every request parked since the last round): its earlier lease, or 410.
         if self.runtime.dispatcher.stopping:
             METRICS.inc("arbiter_acquires_total", outcome="stopping")
             raise unavailable("this arbiter is stopping", 1)
@@ -176,8 +169,13 @@ class Acquire(Resource):
         finally:
             lease = await self.runtime.dispatcher.unpark_async(ticket)
         if lease is not None:
-            METRICS.inc("arbiter_acquires_total", outcome="leased")
+            METRICS.inc("arbiter_acquires_total", outcome="retry_live" if ticket.retried else "leased")
             return json_reply(resp, falcon.HTTP_200, self._grant(lease))
+        if ticket.earlier_gone:
+            METRICS.inc("arbiter_acquires_total", outcome="retry_dead")
+            raise falcon.HTTPGone(title="lease gone",
+                                  description="this request_id was served and its lease is no longer live; "
+                                              "acquire with a new request_id")
         if self.runtime.dispatcher.stopping:
             raise unavailable("this arbiter is stopping", 1)
         if not self.runtime.leader.is_leader:

@@ -244,6 +244,9 @@ class Dispatcher:
                 self.legacy_compat = present
                 self._legacy_checked_at = now
             tickets = self.parked_snapshot()
+            unchecked = [t for t in tickets if not t.checked]
+            if unchecked:
+                tickets = self._check_retries(conn, tickets, unchecked)
             claimable = leases.ClaimableWork([])
             if tickets and self._should_look(now):
                 # Cleared before the look: a NOTIFY during it makes the next round look again.
@@ -271,6 +274,27 @@ class Dispatcher:
         self.last_round_completed = time.monotonic()
         self.rounds += 1
         METRICS.inc("arbiter_dispatch_rounds_total")
+
+    def _check_retries(self, conn: psycopg.Connection, tickets: list[Ticket], unchecked: list[Ticket]) -> list[Ticket]:
+        """The requests parked since the last round, looked up in lease_grants in one statement
+        (instead of one per acquire before it parks): a retried request_id gets its earlier lease if
+        it is live, or is refused (410) if not. Returns the tickets left waiting for work."""
+        found = leases.find_grants(conn, [t.key for t in unchecked])
+        handled = set()
+        for ticket in unchecked:
+            ticket.checked = True
+            earlier = found.get(ticket.key)
+            if earlier is None:
+                continue
+            state, lease = earlier
+            handled.add(ticket.key)
+            if state is leases.GrantState.LIVE:
+                if self.lot.begin_match(ticket):
+                    ticket.retried = True
+                    self.lot.finish_match(ticket, lease)
+            else:
+                self.lot.refuse(ticket)
+        return [t for t in tickets if t.key not in handled] if handled else tickets
 
     def _look(self, conn: psycopg.Connection, tickets: list[Ticket], now: float) -> leases.ClaimableWork:
         """The queue as this round needs it. claimable_work counts every pending row, a cost that grows

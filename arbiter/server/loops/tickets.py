@@ -13,6 +13,12 @@ ParkingLot below, under its lock:
     withdraw       PARKED    -> WITHDRAWN   its request left, was superseded by a retry with the
                                             same request_id, leadership was lost, or the arbiter
                                             is stopping (close: nothing parks after that)
+    refuse         PARKED    -> WITHDRAWN   its request_id was served before and that lease is gone
+                                            (the request answers 410)
+
+A round looks up every newly parked ticket's request_id in lease_grants before it matches anything
+(``checked``): a retried request whose earlier lease is live gets that lease (begin_match,
+finish_match with it: ``retried``), one whose lease is gone is refused; the others wait for work.
 
 LEASED and WITHDRAWN are final. The lot holds only tickets whose request still waits: a ticket
 leaves the lot the moment its request leaves, whatever its state, so no place is ever held for a
@@ -120,6 +126,12 @@ class Ticket:
     abandoned: bool = False
     # Set whenever the request should look again: LEASED, WITHDRAWN.
     event: TicketSignal = field(default_factory=TicketSignal)
+    # A round looked its request_id up in lease_grants (the dispatch loop's own mark).
+    checked: bool = False
+    # Its lease is the one an earlier request with this request_id got (LEASED by a round's look).
+    retried: bool = False
+    # Refused: its request_id was served before and that lease is gone.
+    earlier_gone: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -209,6 +221,14 @@ class ParkingLot:
                 ticket.event.set()
             else:
                 ticket.state = TicketState.PARKED
+
+    def refuse(self, ticket: Ticket) -> None:
+        """PARKED -> WITHDRAWN, flagged ``earlier_gone``: its request_id was served before, and that
+        lease is no longer live. Nothing for a ticket that is no longer PARKED (its request left)."""
+        with self._lock:
+            if ticket.state is TicketState.PARKED:
+                ticket.earlier_gone = True
+                self._withdraw(ticket)
 
     def withdraw_all(self) -> None:
         """Leadership lost: every waiting request is answered now (it will retry elsewhere or later).
