@@ -87,6 +87,8 @@ def check_arbiter_node(arbiter, stage: int) -> bool | None:
         assert not arbiter.file("/etc/judge-arbiter/programs/judge-arbiter.conf").exists
         return None
     assert listening
+    # The lease port (the role's default): lease processes beside the dispatching one.
+    assert arbiter.socket("tcp://0.0.0.0:8081").is_listening
     status = arbiter.run(SUPERVISORCTL.format(name="judge-arbiter") + " status judge-arbiter")
     assert "RUNNING" in status.stdout, status.stdout
     assert arbiter.process.filter(user="judge-arbiter", comm="judge-arbiter") or \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -29,6 +30,7 @@ def _probe_while_parked(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
 
 
+log = logging.getLogger("worker.http")
 # A lease URL that did not answer is passed over this long (its arbiter URL serves the same routes).
 LEASE_URL_BENCH_SECS = 30.0
 
@@ -149,11 +151,13 @@ class ArbiterClient:
                 order.insert(0, lease_url)
         return order
 
-    def _failed(self, base: str) -> None:
+    def _failed(self, base: str, error: str) -> None:
         """``base`` did not answer: a lease URL is passed over for a while (the arbiter URL serves the
         same routes), so a lease port that is firewalled costs one timeout, not one per heartbeat."""
         if base not in self.urls:
             self._lease_url_benched[base] = time.monotonic() + LEASE_URL_BENCH_SECS
+            log.warning("lease URL did not answer; lease traffic goes to the arbiter URL for a while",
+                        extra={"lease_url": base, "error": error[:200], "retry_in_secs": LEASE_URL_BENCH_SECS})
 
     def learn_lease_port(self, port) -> None:
         """A grant from the preferred arbiter named its lease port: its lease traffic goes there, at
@@ -189,8 +193,8 @@ class ArbiterClient:
                     self._drop(base)
                     raise Unreachable("stopping: acquire aborted") from exc
                 self._drop(base)
-                self._failed(base)
                 last_error = f"{base}: {type(exc).__name__}: {exc}"
+                self._failed(base, last_error)
                 continue
             reply_headers = {k.lower(): v for k, v in response.getheaders()}
             try:
@@ -203,7 +207,7 @@ class ArbiterClient:
                     retry_after = float(reply_headers.get("retry-after", "1"))
                 except ValueError:
                     retry_after = 1.0
-                self._failed(base)
+                self._failed(base, last_error)
                 continue
             if base in self.urls:
                 self._preferred = self.urls.index(base)
@@ -229,14 +233,14 @@ class ArbiterClient:
                     conn.request("GET", path, headers=headers)
                     response = conn.getresponse()
                 except (OSError, http.client.HTTPException) as exc:
-                    self._failed(base)
                     last_error = f"{base}: {type(exc).__name__}: {exc}"
+                    self._failed(base, last_error)
                     continue
                 if response.status not in (200, 206):
                     last_error = f"{base}: {response.status}"
                     response.read(4096)
                     if response.status == 503:
-                        self._failed(base)
+                        self._failed(base, last_error)
                         continue
                     raise Unreachable(last_error)
                 skip = offset if response.status == 200 else 0  # a server that ignored the Range

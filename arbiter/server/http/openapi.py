@@ -86,6 +86,10 @@ SPEC = {
                     "language": {"type": "string", "enum": sorted(LANGUAGES)},
                     "source": {"type": "string"},
                     "attempt": {"type": "integer"},
+                    "lease_port": {"type": "integer", "description":
+                                   "with lease processes (lease_bind): the port at the arbiter URL's host "
+                                   "where this lease's heartbeats, result, release and test data go "
+                                   "(docs/protocol.md)"},
                 },
             },
             "HeartbeatRequest": {"type": "object", "required": ["lease_token"],
