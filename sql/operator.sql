@@ -105,20 +105,24 @@ ORDER BY w.kind, w.worker_id;
 
 -- name: pause_worker
 -- The arbiter grants this worker no new lease (its leases run to their end). Nothing when it is
--- paused already (the first pause's time and reason stay).
-INSERT INTO worker_pauses (worker_id, reason)
-SELECT worker_id, %(reason)s FROM workers WHERE worker_id = %(worker_id)s
-ON CONFLICT (worker_id) DO NOTHING
-RETURNING paused_at;
+-- paused already (the first pause's time and reason stay). The NOTIFY ('paused') tells the leading
+-- arbiter's dispatcher to read the pauses again (it keeps them between looks at the queue).
+WITH paused AS (
+    INSERT INTO worker_pauses (worker_id, reason)
+    SELECT worker_id, %(reason)s FROM workers WHERE worker_id = %(worker_id)s
+    ON CONFLICT (worker_id) DO NOTHING
+    RETURNING paused_at
+)
+SELECT paused_at, pg_notify('submission_pending', 'paused') FROM paused;
 
 -- name: count_worker_leases
 SELECT count(*) FROM submissions WHERE status = 'judging' AND worker_id = %(worker_id)s;
 
 -- name: resume_worker
--- The worker may get leases again; the NOTIFY wakes the leading arbiter's dispatcher now, for the
--- requests the worker has parked.
+-- The worker may get leases again; the NOTIFY ('paused': the pauses changed) wakes the leading
+-- arbiter's dispatcher now, which reads the pauses again and serves the requests the worker has parked.
 WITH resumed AS (DELETE FROM worker_pauses WHERE worker_id = %(worker_id)s RETURNING paused_at)
-SELECT paused_at, pg_notify('submission_pending', '') FROM resumed;
+SELECT paused_at, pg_notify('submission_pending', 'paused') FROM resumed;
 
 -- name: status_last_canaries
 -- Each worker's last decided canary (canaries are few: the janitor forgets old ones).

@@ -403,11 +403,15 @@ WITH canary_user AS (
     VALUES ('judge-canary', 'Canary: the sum of two integers (built in)', 0, 2000, 131072)
     ON CONFLICT (slug) DO UPDATE SET slug = EXCLUDED.slug
     RETURNING id
+), inserted AS (
+    INSERT INTO submissions (user_id, problem_id, language, source, canary_expect, pinned_worker)
+    SELECT u.id, p.id, %(language)s, %(source)s, %(expect)s, %(pinned_worker)s
+    FROM canary_user u, canary_problem p
+    RETURNING id, pinned_worker
 )
-INSERT INTO submissions (user_id, problem_id, language, source, canary_expect, pinned_worker)
-SELECT u.id, p.id, %(language)s, %(source)s, %(expect)s, %(pinned_worker)s
-FROM canary_user u, canary_problem p
-RETURNING id;
+-- A pinned canary tells the dispatcher so ('pinned'): a round that goes by the work it knows reads
+-- the pinned canaries again only when told (arbiter/server/loops/dispatcher.py _look).
+SELECT id, (SELECT pg_notify('submission_pending', 'pinned') WHERE pinned_worker IS NOT NULL) FROM inserted;
 
 -- name: withdraw_canary
 -- arrow: pending -> system_error, for a canary nobody took in time: it must not linger in the

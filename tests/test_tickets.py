@@ -387,7 +387,7 @@ def batch_dispatcher(db):
     d = Dispatcher(ArbiterSettings(dsn=db.dsn, dispatch_batch_size=500), DbHealth(), is_leader=lambda: True)
     d._work = db.connect()
     yield d, db
-    d._work.close()
+    d._close()
 
 
 def _workers(conn, prefix: str, count: int, kind: str, languages=("python3",)) -> list[WorkerIdentity]:
@@ -487,9 +487,11 @@ def test_a_deep_queue_is_counted_once_then_known_and_a_new_pin_is_still_seen(bat
     from arbiter.store import canary
 
     d, db = batch_dispatcher
+    d._connect()  # LISTEN: the rounds below hear the NOTIFYs as the loop would (_wait_for_wake)
     with db.connect() as conn:
         workers = _workers(conn, "home", 4, "home")
         seed_submissions(conn, 10)
+    d._wait_for_wake()
     full, pins = _looks("full"), _looks("pins")
 
     def park_all(tag: str) -> list:
@@ -504,8 +506,9 @@ def test_a_deep_queue_is_counted_once_then_known_and_a_new_pin_is_still_seen(bat
     assert (_looks("full") - full, _looks("pins") - pins) == (1, 0)
     with db.connect() as conn:
         pinned = canary.submit(conn, "python3", pinned_worker="home-002")
-    d._dirty = True  # as the NOTIFY of the canary's insert would
     second = park_all("b")
+    # The canary's NOTIFYs (its language, and 'pinned') come after its commit, as they would to the loop.
+    wait_for(lambda: d._wait_for_wake() or d._pins_stale, 10, what="the pinned canary's NOTIFY")
     d.round()
     assert (_looks("full") - full, _looks("pins") - pins) == (1, 1)  # 6 known for 4 requests
     assert second[2].lease.submission_id == pinned
@@ -529,13 +532,14 @@ def test_known_work_that_was_taken_elsewhere_costs_one_statement_and_then_a_look
     d.round()  # counted 6, granted 2: 4 known
     with db.connect() as conn:
         conn.execute("UPDATE submissions SET status = 'CE' WHERE status = 'pending'")
-    full = _looks("full")
+    full, known = _looks("full"), _looks("known")
     tickets = [ticket(w, f"b-{w.worker_id}") for w in workers]
     for t in tickets:
         d.park(t)
     d._dirty = True
-    d.round()
-    assert _looks("full") == full and not any(t.state is TicketState.LEASED for t in tickets)
+    d.round()  # no statement before the acquire: no pinned canary was announced
+    assert (_looks("full"), _looks("known")) == (full, known + 1)
+    assert not any(t.state is TicketState.LEASED for t in tickets)
     d._dirty = True
     d.round()
     assert _looks("full") == full + 1

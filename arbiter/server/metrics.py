@@ -24,8 +24,9 @@ _HELP = {
                                      "slots): 1 is a slot waiting for work, 0 a slot judging (or gone)"),
     "arbiter_dispatch_rounds_total": ("counter", "Dispatch rounds completed"),
     "arbiter_dispatch_looks_total": ("counter", "Dispatch rounds' looks at the queue, by look: full (claimable_work counts "
-                                     "every pending row), pins (the work known from the last look covered every "
-                                     "parked request: only the pinned canaries read)"),
+                                     "every pending row); pins or known: the work known from the last look covered "
+                                     "every parked request, and only the pinned canaries were read (a NOTIFY said "
+                                     "one came) or nothing"),
     "arbiter_dispatch_batches_total": ("counter", "acquire_leases statements run (batch dispatch, stage 4 and fresh sites)"),
     "arbiter_slow_clients_closed_total": ("counter", "Connections closed for a slow or oversized request, by phase"),
     "arbiter_notifications_total": ("counter", "NOTIFY messages received"),

@@ -478,6 +478,12 @@ def claimable_work(conn: psycopg.Connection) -> ClaimableWork:
     return ClaimableWork(conn.execute(Q.claimable_work).fetchall())
 
 
+# Payloads of the submission_pending channel besides a language (the trigger's, for a row that became
+# pending): sent by submit_canary for a pinned canary, and by pause_worker/resume_worker.
+NOTIFY_PINNED = "pinned"
+NOTIFY_PAUSES = "paused"
+
+
 def pinned_work(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
     """The canaries pinned to a worker that wait, as (language, worker, how many): claimable_work's
     pinned rows alone, which a partial index of the few pending canaries answers."""

@@ -18,6 +18,7 @@ import time
 
 import psycopg
 
+from arbiter.protocol.vocabulary import LANGUAGES
 from arbiter.server import faults, sdnotify
 from arbiter.server.loops.tickets import ParkingLot, Ticket
 from arbiter.server.metrics import METRICS
@@ -65,6 +66,8 @@ class Dispatcher:
         # languages NOTIFYs named since (see _look). None: look at the queue itself next time.
         self._known: leases.ClaimableWork | None = None
         self._hinted: set[str] = set()
+        self._pins_stale = True  # a pinned canary may have come (NOTIFY 'pinned') since pins were read
+        self._paused: set[str] | None = None  # the paused workers as last read; None: read them
 
     # -- called from request threads (the ticket transitions are in tickets.py) -----
     def park(self, ticket: Ticket) -> None:
@@ -114,7 +117,7 @@ class Dispatcher:
         self._close()
 
     def _close(self) -> None:
-        self._known = None  # whatever happened while away is looked at anew
+        self._known = self._paused = None  # whatever happened while away is looked at anew
         for conn in (self._listen, self._work):
             if conn is not None:
                 try:
@@ -126,7 +129,7 @@ class Dispatcher:
     def on_leadership_gained(self) -> None:
         self._legacy_checked_at = None
         self._last_lease = {}  # another leader may have granted meanwhile: read the table again
-        self._known = None
+        self._known = self._paused = None
         self._dirty = True
         self._retry_now.set()
         self.wake()
@@ -159,11 +162,20 @@ class Dispatcher:
             except BlockingIOError:
                 pass
         if self._listen is not None and len(readable) > (1 if self._wake_r in readable else 0):
-            # Drain notifications; each names the language of a row that became pending (see _look).
+            # Drain notifications: the language of a row that became pending (the trigger's), a
+            # pinned canary (submit_canary's), or pauses that changed (pause_worker, resume_worker).
             for notification in self._listen.notifies(timeout=0):
                 self._dirty = True
-                self._hinted.add(notification.payload)
+                self._heard(notification.payload)
                 METRICS.inc("arbiter_notifications_total")
+
+    def _heard(self, payload: str) -> None:
+        if payload == leases.NOTIFY_PINNED:
+            self._pins_stale = True
+        elif payload == leases.NOTIFY_PAUSES:
+            self._paused = None
+        elif payload in LANGUAGES:
+            self._hinted.add(payload)
 
     def _pause(self, secs: float) -> None:
         """The wait after a failed round, cut short by stop() and by leadership gained: after a
@@ -252,10 +264,11 @@ class Dispatcher:
                 # Cleared before the look: a NOTIFY during it makes the next round look again.
                 self._dirty = False
                 if self.pauses_present:
-                    # A paused worker's requests stay parked, granted nothing (judgectl worker pause);
-                    # read at each look, so a pause holds from the next round on.
-                    paused = leases.paused_workers(conn)
-                    tickets = [t for t in tickets if t.worker.worker_id not in paused]
+                    # A paused worker's requests stay parked, granted nothing (judgectl worker pause).
+                    # Read again when a pause or a resume says so (NOTIFY 'paused') and at each sweep.
+                    if self._paused is None or now - (self._swept_at or 0.0) >= self.settings.dispatch_sweep_secs:
+                        self._paused = leases.paused_workers(conn)
+                    tickets = [t for t in tickets if t.worker.worker_id not in self._paused]
                 if tickets:
                     claimable = self._look(conn, tickets, now)
             if tickets and self.legacy_compat:
@@ -301,8 +314,9 @@ class Dispatcher:
         with the queue (5 ms with 30,000 pending): it is run when the work known from the last one (less
         what was granted since, plus the languages NOTIFYs named since) does not cover every parked
         request, at every sweep, and always in stages 1-3 (legacy workers take work unannounced).
-        Otherwise only the pinned canaries are read again. A count that proves too high costs one
-        acquire statement that finds less, which marks the work exhausted, and the next round looks."""
+        Otherwise the pinned canaries are read again if a NOTIFY said a pinned one came, and nothing
+        if not. A count that proves too high costs one acquire statement that finds less, which marks
+        the work exhausted, and the next round looks."""
         known, self._known = self._known, None
         if known is not None:
             for language in self._hinted:
@@ -311,11 +325,14 @@ class Dispatcher:
         sweep_due = self._swept_at is None or now - self._swept_at >= self.settings.dispatch_sweep_secs
         if known is None or sweep_due or self.legacy_compat or not known.covers(tickets):
             known = leases.claimable_work(conn)
-            self._swept_at = now
+            self._swept_at, self._pins_stale = now, False
             METRICS.inc("arbiter_dispatch_looks_total", look="full")
-        else:
+        elif self._pins_stale:
+            self._pins_stale = False  # before the read: a NOTIFY during it makes the next one read again
             known.with_pins(leases.pinned_work(conn))
             METRICS.inc("arbiter_dispatch_looks_total", look="pins")
+        else:
+            METRICS.inc("arbiter_dispatch_looks_total", look="known")
         self._known = known
         return known
 
