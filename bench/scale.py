@@ -494,6 +494,7 @@ async def idle_statements(site: Site, work: Path, parked: int, secs: float) -> t
 
 # -- (q) 10,000 busy workers ---------------------------------------------------------------------------
 BEAT_SECS = 15.0  # a real worker's heartbeat period with the default lease (lease_secs 60 / 4)
+RAMP_PER_SEC = 500  # (q): new leases a second until all workers are busy
 
 
 class BusyFigures:
@@ -580,10 +581,14 @@ async def busy_workers(site: Site, work: Path, workers: int, per_sec: int, windo
         deadline = time.monotonic() + 120
         while await arbiter.parked() < workers and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        t0 = time.monotonic()
-        site.submit(workers)
-        while figures.leased < workers and time.monotonic() - t0 < 120:
-            await asyncio.sleep(0.1)
+        # Made busy at RAMP_PER_SEC leases a second (all at once is (k)'s burst, at a twentieth of the
+        # workers): this part measures the heartbeats of a site that is busy, not its start.
+        t0, made_busy = time.monotonic(), 0
+        while figures.leased < workers and time.monotonic() - t0 < 180:
+            if made_busy < workers:
+                site.submit(min(RAMP_PER_SEC, workers - made_busy))
+                made_busy += RAMP_PER_SEC
+            await asyncio.sleep(1.0)
         all_busy = time.monotonic() - t0
         figures.measuring = True
         started, submitted = time.monotonic(), 0
@@ -873,37 +878,42 @@ def goals(r: dict) -> list[str]:
     return out + [""]
 
 
-# What a profile of (j) showed (py-spy, see below); kept with the figures because the goals of
-# (j), (k) and (m) are not reached.
+# What the profiles of (j) and (q) showed (py-spy, /proc, pg_stat_statements, gc.callbacks; see below);
+# kept with the figures because the goals of (j), (k), (m) and (q) are not reached.
 PROFILE = [
-    "## Why (j), (k) and (m) fall short: the profile",
+    "## Why (j), (k), (m) and (q) fall short: the profiles",
     "",
-    "The floor rows of (j) bound what is possible here: this machine's server stack answers some 33,000",
-    "requests a second (about 11,000 lifecycles) when it does nothing, and about 1,800 lifecycles a second",
-    "when each request runs one single-row UPDATE. The goal (1,000) is below that floor; the arbiter",
-    "reaches about a quarter of it. During (j) the arbiter's one process runs at 85-90 % of one core",
-    "(from /proc/PID/stat), PostgreSQL's backends at about 45 % (with 6,000 pending) and the benchmark's",
-    "client at 10 %: the machine is not saturated, the arbiter's process is. Timed from the client",
-    "with 200 workers: acquire p50 200 ms, heartbeat p50 130 ms, result p50 130 ms, where each",
-    "statement takes 0.2-0.3 ms inside PostgreSQL (pg_stat_statements): requests wait for the process,",
-    "not for the database. `py-spy record --gil` of the process",
-    "(`.venv/bin/py-spy record -p <gunicorn worker> -d 8 -r 200 --gil -f raw -o prof.txt`, py-spy from",
-    "the `bench` extra) spreads the GIL-holding samples thin: uvicorn/httptools/asyncio I/O about 25 %,",
-    "Falcon and the resources about 25 % (reading and checking bodies 7 %, JSON 6 %), the dispatcher",
-    "thread 10 %, the database threads and psycopg about 25 %, logging 7 % (the two lines per lease",
-    "that stay), no single cost above 5 %. A lease lifecycle (three requests and a share of a dispatch",
-    "round) costs about 2 ms of the process's CPU, so its one core gives some 400-500 a second; the",
-    "burst of (k) is bound by the same ceiling (500 workers need 500 lifecycles a second).",
-    "Experiments, each against the same machine's baseline in (j): routine request lines at debug level",
-    "+0 % (kept: the log volume); 8 threads for heartbeats and results instead of 4 +10 % (kept); the",
-    "fenced writes as coroutines on async psycopg connections on the loop, no thread hop, **-20 %**",
-    "(every await of a busy loop waits for a whole loop iteration: a statement took 5.5 ms to run and",
-    "270 ms to get a connection); sync calls inline on the loop +0 %; uvloop +7-15 % (not adopted: in",
-    "its first run of (h) the holder's lease ran out while 10,000 requests parked, to be understood",
-    "first). What would close the gap is more than one process serving requests (heartbeats and",
-    "results need no parked state; acquires must reach the leader's parking lot), which is a design",
-    "change of its own. For (m), a round spends one round trip on `claimable_work` before the batch",
-    "statement; a NOTIFY that named the work's pins (a migration) would let the round skip it.",
+    "**(j) and (k).** With one dispatching process and one lease process on this 2-core machine, during (j)",
+    "with 200 workers (CPU from /proc over 8 s, measured apart from this run): the dispatching process",
+    "0.45 of a core, the lease process 0.60, PostgreSQL's backends 0.40, the benchmark's client 0.13: about",
+    "1.6 of the 2 cores, so a third process has no core to run on. Per lifecycle that is about 0.6 ms of",
+    "the dispatching process (an acquire and its share of a round) and 0.4 ms of the lease process per",
+    "request, against 0.14 ms per request for the floor app with its UPDATE: the cost is spread thin over",
+    "uvicorn, Falcon and the middleware, the thread hop to the database threads, psycopg and logging",
+    "(`py-spy record --gil`, no single cost above 5 %). The acquire's own lookup of its request_id (9 % of",
+    "the dispatching process's samples) moved into the dispatch round, one statement for all the requests",
+    "parked since the last round. With 20 workers the rate is bound by the round trip of a lifecycle, not",
+    "by CPU: each worker waits for a dispatch round, then two requests. On 8 cores the lease processes",
+    "(7 by default) would take the heartbeats and results off the dispatching process, which then bounds",
+    "the acquires at about 0.6 ms each, some 1,700 a second on its own core; on 32 cores the same, unless",
+    "the parking lot is shared between processes (docs/decisions.md, the alternative not taken).",
+    "",
+    "**(m).** A round that knows the work now runs one statement (the batch acquire); the pinned canaries",
+    "and the pauses are read only when a NOTIFY says they changed. What is left above the floor is the",
+    "dispatch thread's wake-up and the reply's way back through the event loop of a process that serves",
+    "other requests meanwhile; the floor's parts are each measured alone, with nothing else running.",
+    "",
+    "**(q).** With 10,000 connections the lease process's heartbeats wait behind Python's full garbage",
+    "collections: measured with `gc.callbacks` in the lease and dispatching processes during (q), the",
+    "generation-2 collections took 0.1-0.5 s each, every few seconds, and stop the event loop meanwhile",
+    "(raising the thresholds to (50000, 20, 100) made them rarer and longer, 0.45-0.8 s: p99 0.49 s). And",
+    "every heartbeat misses the credential cache (`credential_cache_secs` 5 s, a heartbeat every 15 s): two",
+    "statements (the credential and the worker's last_seen_at) before the heartbeat's own one;",
+    "`credential_cache_secs` 30 alone brought p50 from 1-3 s to 1 s in a trial. No lease was lost at",
+    "10,000 busy workers made busy at 500 a second; made busy all at once (the burst of (k) at 20 times",
+    "its size), confirmations fell behind the 10 s unconfirmed period, expired leases were reclaimed in",
+    "large batches that held the heartbeats' rows, and the run lost thousands of leases: what a site of",
+    "that size would meet at a contest's start.",
     "",
 ]
 
