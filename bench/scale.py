@@ -374,7 +374,10 @@ async def slow_clients(site: Site, work: Path, stalled: int, beats: int) -> dict
 
 # -- (j) lifecycles per second, (k) contest burst ------------------------------------------------------
 async def run_workers(site: Site, work: Path, workers: int, submissions: int, judge_secs: float,
-                      limit_secs: float, lease_processes: int = 0) -> dict:
+                      limit_secs: float, lease_processes: int = 0, window: float | None = None) -> dict:
+    """``workers`` judging workers and ``submissions`` at once: (k) times the drain (``limit_secs`` at
+    most); with ``window``, (j) counts the results answered over that many seconds after a second's
+    warm-up instead, the same window as the floor's (floor_lifecycles), so the two compare."""
     arbiter = Arbiter(site, work, lease_processes)
     done = 0
 
@@ -387,34 +390,15 @@ async def run_workers(site: Site, work: Path, workers: int, submissions: int, ju
         tasks = await start_workers(site, arbiter, workers, 1, 5, judge_secs=judge_secs, on_result=answered)
         t0 = time.monotonic()
         site.submit(submissions)
-        while done < submissions and time.monotonic() - t0 < limit_secs:
-            await asyncio.sleep(0.02)
-        judged, elapsed = done, time.monotonic() - t0  # before the stop: results answered meanwhile are not counted
-        await stop_workers(tasks)
-        return {"done": judged, "secs": elapsed, "per_sec": judged / elapsed}
-    finally:
-        arbiter.stop()
-        site.drain()
-
-
-async def lifecycle_rate(site: Site, work: Path, workers: int, secs: float, lease_processes: int = 0) -> dict:
-    """(j): results answered per second over ``secs`` with the queue never empty, after a second's
-    warm-up: the same window as the floor's (floor_lifecycles), so the two compare."""
-    arbiter = Arbiter(site, work, lease_processes)
-    done = 0
-
-    def answered(status: int) -> None:
-        nonlocal done
-        done += status == 200
-
-    try:
-        await arbiter.ready()
-        tasks = await start_workers(site, arbiter, workers, 1, 5, on_result=answered)
-        site.submit(int(secs * 3000) + 3000)  # more than this machine's floor could judge meanwhile
-        await asyncio.sleep(1.0)
-        start_count, t0 = done, time.monotonic()
-        await asyncio.sleep(secs)
-        count, elapsed = done - start_count, time.monotonic() - t0
+        if window is not None:
+            await asyncio.sleep(1.0)
+            start_count, t0 = done, time.monotonic()
+            await asyncio.sleep(window)
+            count, elapsed = done - start_count, time.monotonic() - t0
+        else:
+            while done < submissions and time.monotonic() - t0 < limit_secs:
+                await asyncio.sleep(0.02)
+            count, elapsed = done, time.monotonic() - t0  # before the stop: later results are not counted
         await stop_workers(tasks)
         return {"done": count, "secs": elapsed, "per_sec": count / elapsed}
     finally:
@@ -570,7 +554,9 @@ async def busy_workers(site: Site, work: Path, workers: int, per_sec: int, windo
     arbiter = Arbiter(site, work, lease_processes)
     figures = BusyFigures()
     tasks: list[asyncio.Task] = []
+    regranted = "SELECT count(*) FROM submissions WHERE lease_gen > 1"
     try:
+        regranted_before = site.conn.execute(regranted).fetchone()[0]  # by an earlier part of the run
         await arbiter.ready()
         creds = site.workers(workers, ("python3",))
         rng = random.Random(workers)
@@ -605,7 +591,7 @@ async def busy_workers(site: Site, work: Path, workers: int, per_sec: int, windo
                 "results": len(figures.results),
                 "result": [pct(figures.results, 50), pct(figures.results, 99)] if figures.results else [0, 0],
                 "lost": figures.lost,  # over the whole run, the burst that made them busy too
-                "regranted": site.conn.execute("SELECT count(*) FROM submissions WHERE lease_gen > 1").fetchone()[0]}
+                "regranted": site.conn.execute(regranted).fetchone()[0] - regranted_before}
     finally:
         await stop_workers(tasks)
         arbiter.stop()
@@ -807,7 +793,8 @@ async def _lifecycles(site, work, say, results) -> None:
     say("|---|---|---|---|---|")
     for shape, lease_processes in SHAPES.items():
         for n in (20, 200):
-            r = await lifecycle_rate(site, work, n, 10.0, lease_processes)
+            # More submissions than this machine's floor could judge in the window: the queue never empties.
+            r = await run_workers(site, work, n, 33_000, 0.0, 0.0, lease_processes, window=10.0)
             results["lifecycles"][f"{n}/{lease_processes}"] = r
             say(f"| {n} | {shape} | {r['done']:,} in {r['secs']:.1f} s | {r['per_sec']:.0f}/s | "
                 f"{r['per_sec'] / floor_rate:.2f} |")
