@@ -6,9 +6,12 @@ the lease processes' counters reach /metrics."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -32,7 +35,19 @@ def start_with_lease_processes(arbiters, db, lease_processes: int = 2, **setting
     a.lease_port = port
     a.lease_url = f"http://127.0.0.1:{port}"
     wait_for(lambda: len(roles_of(a)) == 1 + lease_processes, 20, what="every serving process")
+    # A lease process serves once it knows the database answers: its first answer is ready, never a
+    # 503 that would send the workers' lease traffic elsewhere for a while.
+    status, body = get_json(a.lease_url + "/readyz")
+    assert status == 200 and body["role"] == "lease", (status, body)
     return a
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
 
 
 def roles_of(arbiter) -> dict[int, str]:

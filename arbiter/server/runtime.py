@@ -111,21 +111,26 @@ class LeaseRuntime(_Serving):
         # do it there): while it is down, requests get 503 at once and this asks every second.
         self._watch = threading.Thread(target=self._watch_database, name="db-health", daemon=True)
 
+    def _check_database(self) -> None:
+        try:
+            with self.pool.connection() as conn:
+                db.ping(conn)
+            self.health.mark_up()
+        except db.UNAVAILABLE as exc:
+            self.health.mark_down(exc)
+
     def _watch_database(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(1.0):
             if not self.health.up:
-                try:
-                    with self.pool.connection() as conn:
-                        db.ping(conn)
-                    self.health.mark_up()
-                except db.UNAVAILABLE as exc:
-                    self.health.mark_down(exc)
+                self._check_database()
             METRICS.set_gauge("arbiter_db_up", 1 if self.health.up else 0)
             if self.publisher is not None:
                 self.publisher.publish()
-            self._stop.wait(1.0)
 
     def start(self) -> "LeaseRuntime":
+        # Before the process serves (the app is loaded after this): a process that a worker's lease
+        # traffic reaches knows the database answers, instead of saying 503 until its first check.
+        self._check_database()
         self._watch.start()
         log.info("lease process started", extra={"db_threads": self.settings.db_threads})
         return self
