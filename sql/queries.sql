@@ -114,19 +114,10 @@ SELECT leased.worker_id, leased.request_id,
        (SELECT count(*) FROM granted) AS granted, (SELECT count(*) FROM noted) AS noted
 FROM leased JOIN problems p ON p.id = leased.problem_id;
 
--- name: find_lease_grant
--- read: the lease an earlier acquire with this request_id got, and whether it is still live.
-SELECT g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug, s.problem_id,
-       s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms, p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
-       (s.status = 'judging' AND s.lease_token = g.lease_token) AS live
-FROM lease_grants g
-JOIN submissions s ON s.id = g.submission_id
-JOIN problems p ON p.id = s.problem_id
-WHERE g.worker_id = %(worker_id)s AND g.request_id = %(request_id)s;
-
 -- name: find_lease_grants
--- read: find_lease_grant for many requests at once (a dispatch round's look at the requests parked
--- since the last one): only those served before have a row.
+-- read: the leases earlier acquires with these request_ids got (idempotent acquire), and whether each
+-- is still live; a dispatch round looks up the requests parked since the last one at once, and only
+-- those served before have a row.
 SELECT g.worker_id, g.request_id, g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug,
        s.problem_id, s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms,
        p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,

@@ -189,16 +189,13 @@ class LegacyTurn(ArbiterError):
 
 
 def find_grant(conn: psycopg.Connection, worker_id: str, request_id: str) -> tuple[GrantState, Lease] | None:
-    """The lease an earlier acquire with this request_id got (idempotent acquire)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(Q.find_lease_grant, {"worker_id": worker_id, "request_id": request_id}).fetchone()
-    if row is None:
-        return None
-    return (GrantState.LIVE if row["live"] else GrantState.DEAD), _lease_from_row(row)
+    """The lease an earlier acquire with this request_id got (idempotent acquire), or None."""
+    return find_grants(conn, [(worker_id, request_id)]).get((worker_id, request_id))
 
 
 def find_grants(conn: psycopg.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[GrantState, Lease]]:
-    """find_grant for many (worker_id, request_id) at once: those served before, by key."""
+    """The leases earlier acquires with these (worker_id, request_id) got, by key, and whether each is
+    still live: only those served before have an entry."""
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(Q.find_lease_grants, {"worker_ids": [w for w, _ in keys],
                                                  "request_ids": [r for _, r in keys]}).fetchall()
