@@ -266,7 +266,7 @@ class Dispatcher:
                 if self.pauses_present:
                     # A paused worker's requests stay parked, granted nothing (judgectl worker pause).
                     # Read again when a pause or a resume says so (NOTIFY 'paused') and at each sweep.
-                    if self._paused is None or now - (self._swept_at or 0.0) >= self.settings.dispatch_sweep_secs:
+                    if self._paused is None or self._sweep_due(now):
                         self._paused = leases.paused_workers(conn)
                     tickets = [t for t in tickets if t.worker.worker_id not in self._paused]
                 if tickets:
@@ -322,8 +322,7 @@ class Dispatcher:
             for language in self._hinted:
                 known.hint(language)
         self._hinted.clear()
-        sweep_due = self._swept_at is None or now - self._swept_at >= self.settings.dispatch_sweep_secs
-        if known is None or sweep_due or self.legacy_compat or not known.covers(tickets):
+        if known is None or self._sweep_due(now) or self.legacy_compat or not known.covers(tickets):
             known = leases.claimable_work(conn)
             self._swept_at, self._pins_stale = now, False
             METRICS.inc("arbiter_dispatch_looks_total", look="full")
@@ -340,8 +339,12 @@ class Dispatcher:
         """Look at the queue this round? Always in stages 1-3 (the legacy turn rule is a matter of
         time, and legacy workers change the queue without NOTIFY); otherwise when something may
         have changed, or dispatch_sweep_secs after the last look."""
-        return (self.legacy_compat or self._dirty or self._swept_at is None
-                or now - self._swept_at >= self.settings.dispatch_sweep_secs)
+        return self.legacy_compat or self._dirty or self._sweep_due(now)
+
+    def _sweep_due(self, now: float) -> bool:
+        """dispatch_sweep_secs since the last full look at the queue (or none yet): a round then reads
+        everything it otherwise keeps from NOTIFYs (the claimable work, the pauses)."""
+        return self._swept_at is None or now - self._swept_at >= self.settings.dispatch_sweep_secs
 
     def _match_one_by_one(self, conn: psycopg.Connection, tickets: list[Ticket], claimable) -> int:
         """Stages 1-3: one acquire transaction per request, each under the legacy global lock and its
