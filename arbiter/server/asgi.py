@@ -9,13 +9,13 @@ from arbiter.protocol import logs
 from arbiter.server import roles
 from arbiter.server.config import load_settings
 from arbiter.server.http.app import create_asgi, create_lease_asgi
-from arbiter.server.metrics import COUNTER_DIR_ENV, CounterFiles
+from arbiter.server.metrics import CounterFiles, counter_dir
 from arbiter.server.runtime import LeaseRuntime, Runtime
 
 # The same variable sets gunicorn's own log level (gunicorn.conf.py).
 logs.configure(os.environ.get("JUDGE_ARBITER_LOGLEVEL", "info").upper())
 settings = load_settings()
-_counter_dir = os.environ.get(COUNTER_DIR_ENV, "").partition(":")[2]
+_counter_dir = counter_dir()
 counters = CounterFiles(_counter_dir) if _counter_dir else None
 if roles.current_role() == roles.LEASE:
     runtime = LeaseRuntime(settings, publisher=counters).start()

@@ -10,11 +10,10 @@ dispatcher refuses to park more than max_parked.
 import os
 import shutil
 import sys
-import tempfile
 
 from arbiter.server import roles
 from arbiter.server.config import ConfigError, load_settings
-from arbiter.server.metrics import COUNTER_DIR_ENV
+from arbiter.server.metrics import counter_dir, make_counter_dir
 from arbiter.server.serving import WORKER_CLASS
 
 try:
@@ -28,17 +27,17 @@ if _settings.tls_certfile:
     # HTTPS: the worker class (arbiter/server/serving.py) holds the context to TLS 1.2 or newer.
     certfile, keyfile = _settings.tls_certfile, _settings.tls_keyfile
 workers = roles.worker_count(_settings)
-if _settings.lease_bind and not os.environ.get(COUNTER_DIR_ENV, "").startswith(f"{os.getpid()}:"):
+if _settings.lease_bind:
     # Where the lease processes leave their counters for /metrics (arbiter/server/metrics.py); made
-    # once per master (this file runs again on a reload), removed when it exits.
-    os.environ[COUNTER_DIR_ENV] = f"{os.getpid()}:{tempfile.mkdtemp(prefix='judge-arbiter-counters-')}"
+    # once per master, removed when it exits.
+    make_counter_dir()
 pre_fork = roles.assign
 on_reload = roles.on_reload
 
 
 def on_exit(server):
-    owner, _, directory = os.environ.get(COUNTER_DIR_ENV, "").partition(":")
-    if directory and owner == str(os.getpid()):
+    directory = counter_dir(made_by=os.getpid())
+    if directory:
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -178,8 +179,28 @@ def _histogram_order(items):
 
 METRICS = Metrics()
 
-# The gunicorn master puts the directory for CounterFiles here (arbiter/server/gunicorn.conf.py).
+# The gunicorn master puts the directory for CounterFiles here as "<its pid>:<path>"
+# (arbiter/server/gunicorn.conf.py); its processes inherit it.
 COUNTER_DIR_ENV = "JUDGE_ARBITER_COUNTER_DIR"
+
+
+def counter_dir(made_by: int | None = None) -> str | None:
+    """The directory for CounterFiles named in COUNTER_DIR_ENV, or None; with ``made_by``, only if
+    that process made it (a master's own, not one inherited from the process that started it)."""
+    owner, _, directory = os.environ.get(COUNTER_DIR_ENV, "").partition(":")
+    if not directory or (made_by is not None and owner != str(made_by)):
+        return None
+    return directory
+
+
+def make_counter_dir() -> str:
+    """This process's directory for CounterFiles, made once (gunicorn reads its config again on a
+    reload) and named in COUNTER_DIR_ENV for the processes it starts."""
+    directory = counter_dir(made_by=os.getpid())
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="judge-arbiter-counters-")
+        os.environ[COUNTER_DIR_ENV] = f"{os.getpid()}:{directory}"
+    return directory
 
 
 class CounterFiles:
