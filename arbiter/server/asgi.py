@@ -8,6 +8,7 @@ import os
 from arbiter.protocol import logs
 from arbiter.server import roles
 from arbiter.server.config import load_settings
+from arbiter.server.gcpolicy import CollectionPolicy
 from arbiter.server.http.app import create_asgi, create_lease_asgi
 from arbiter.server.metrics import CounterFiles, counter_dir
 from arbiter.server.runtime import LeaseRuntime, Runtime
@@ -25,3 +26,5 @@ else:
     app = create_asgi(runtime)
     # The listening socket is gunicorn's and already bound; from here on requests are served.
     runtime.notifier.ready("serving")
+# Last: what is loaded by now is frozen, never walked by a garbage collection again.
+collection_policy = CollectionPolicy(roles.current_role(), settings.gc_full_collection_secs).install()

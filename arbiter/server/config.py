@@ -91,6 +91,9 @@ class ArbiterSettings:
     canary_keep_secs: float = 86400.0
     db_timeout_secs: float = 3.0
     credential_cache_secs: float = 5.0
+    # Python's full garbage collection runs this often in each serving process instead of when its
+    # own rule says (0: Python's rule); see arbiter/server/gcpolicy.py.
+    gc_full_collection_secs: float = 300.0
     instance_name: str = ""
     # Who may read /metrics, /v1/status and /status: with no token, loopback clients only; with one
     # (from operator_token_file, mode 0600), anyone presenting it (Bearer, or Basic's password).
@@ -165,6 +168,8 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError("config key 'canary_keep_secs' must be > 0")
     if settings.canary_language not in CANARY_PROGRAMS:
         raise ConfigError(f"config key 'canary_language' must be one of {', '.join(sorted(CANARY_PROGRAMS))}")
+    if not 0 <= settings.gc_full_collection_secs < math.inf:
+        raise ConfigError("config key 'gc_full_collection_secs' must be a number >= 0 (0: Python's own rule)")
     if settings.legacy_yield_secs < 0:
         raise ConfigError("config key 'legacy_yield_secs' must be >= 0 (0: never wait for a legacy worker's turn)")
     if not 0 <= settings.handover_wait_secs < math.inf:

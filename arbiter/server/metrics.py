@@ -58,6 +58,11 @@ _HELP = {
     "arbiter_system_errors_total": ("counter", "Submissions that ended system_error, by cause: attempts (its lease ran "
                                     "out max_attempts times), releases (handed back max_releases times), worker "
                                     "(a worker's own verdict)"),
+    "arbiter_gc_pause_seconds": ("histogram", "Python's garbage collections and how long each stood the serving "
+                                 "process's event loop still, by role and generation (2: the full collection, "
+                                 "every gc_full_collection_secs)"),
+    "arbiter_gc_collected_objects_total": ("counter", "Objects in reference cycles freed by garbage collections, by "
+                                           "role and generation (requests leave none: a rise is a regression)"),
     "arbiter_judging_seconds": ("histogram", "From a lease's grant to its result (DB time), by worker kind"),
     "arbiter_queue_wait_seconds": ("histogram", "From submission to its first lease (DB time), by worker kind"),
     "arbiter_queue_submissions": ("gauge", "Submissions by live status (pending, judging; canaries apart), read from "
