@@ -117,13 +117,18 @@ FROM leased JOIN problems p ON p.id = leased.problem_id;
 -- name: find_lease_grants
 -- read: the leases earlier acquires with these request_ids got (idempotent acquire), and whether each
 -- is still live; a dispatch round looks up the requests parked since the last one at once, and only
--- those served before have a row.
-SELECT g.worker_id, g.request_id, g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug,
+-- those served before have a row. One index probe per request (LATERAL ... LIMIT 1: the pair is
+-- unique): a join would let the planner hash all of lease_grants, which only grows.
+SELECT r.worker_id, r.request_id, g.submission_id, g.lease_token, g.lease_gen, p.slug AS problem_slug,
        s.problem_id, s.language, s.source, s.lease_expires_at, s.judge_attempts, p.time_limit_ms,
        p.memory_limit_kb, p.comparer, p.checker_sha256, p.data_digest,
        (s.status = 'judging' AND s.lease_token = g.lease_token) AS live
 FROM unnest(%(worker_ids)s::text[], %(request_ids)s::text[]) AS r(worker_id, request_id)
-JOIN lease_grants g ON g.worker_id = r.worker_id AND g.request_id = r.request_id
+CROSS JOIN LATERAL (
+    SELECT g.submission_id, g.lease_token, g.lease_gen FROM lease_grants g
+    WHERE g.worker_id = r.worker_id AND g.request_id = r.request_id
+    LIMIT 1
+) g
 JOIN submissions s ON s.id = g.submission_id
 JOIN problems p ON p.id = s.problem_id;
 
