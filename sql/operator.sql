@@ -50,9 +50,15 @@ INSERT INTO workers (worker_id, kind, languages, secret_sha256, slots)
 VALUES (%(worker_id)s, %(kind)s, %(languages)s, %(secret_sha256)s, %(slots)s);
 
 -- name: revoke_worker
--- Both secrets go: a rotation's overlap never outlives a revocation.
-UPDATE workers SET revoked_at = now(), previous_secret_sha256 = NULL, previous_secret_until = NULL
-WHERE worker_id = %(worker_id)s AND revoked_at IS NULL;
+-- Both secrets go: a rotation's overlap never outlives a revocation. Each statement that changes a
+-- worker's credential or profile NOTIFYs worker_credentials (at commit) with its worker_id: every
+-- arbiter process then forgets what it cached of that worker (arbiter/server/credential_watch.py).
+WITH revoked AS (
+    UPDATE workers SET revoked_at = now(), previous_secret_sha256 = NULL, previous_secret_until = NULL
+    WHERE worker_id = %(worker_id)s AND revoked_at IS NULL
+    RETURNING worker_id
+)
+SELECT pg_notify('worker_credentials', worker_id) FROM revoked;
 
 -- name: status_queue
 -- Live work, exactly. Each count reads one partial index (submissions_pending_idx,
@@ -142,17 +148,25 @@ SELECT count(*) FROM submissions WHERE status = 'judging' AND lease_token IS NOT
 SELECT secret_sha256, revoked_at IS NOT NULL AS revoked, kind, languages, slots FROM workers WHERE worker_id = %(worker_id)s;
 
 -- name: set_worker_profile
-UPDATE workers SET kind = %(kind)s, languages = %(languages)s, slots = %(slots)s WHERE worker_id = %(worker_id)s;
+WITH changed AS (
+    UPDATE workers SET kind = %(kind)s, languages = %(languages)s, slots = %(slots)s
+    WHERE worker_id = %(worker_id)s
+    RETURNING worker_id
+)
+SELECT pg_notify('worker_credentials', worker_id) FROM changed;
 
 -- name: rotate_worker_secret
 -- A new secret; the one it replaces stays valid for the overlap (DB time), so the worker can be given
 -- the new one with no refused request. A revoked worker's old secret is not kept.
-UPDATE workers
-SET previous_secret_sha256 = CASE WHEN revoked_at IS NULL THEN secret_sha256 END,
-    previous_secret_until  = CASE WHEN revoked_at IS NULL THEN now() + make_interval(secs => %(overlap_secs)s) END,
-    secret_sha256 = %(secret_sha256)s, revoked_at = NULL
-WHERE worker_id = %(worker_id)s
-RETURNING previous_secret_until;
+WITH rotated AS (
+    UPDATE workers
+    SET previous_secret_sha256 = CASE WHEN revoked_at IS NULL THEN secret_sha256 END,
+        previous_secret_until  = CASE WHEN revoked_at IS NULL THEN now() + make_interval(secs => %(overlap_secs)s) END,
+        secret_sha256 = %(secret_sha256)s, revoked_at = NULL
+    WHERE worker_id = %(worker_id)s
+    RETURNING worker_id, previous_secret_until
+)
+SELECT previous_secret_until, pg_notify('worker_credentials', worker_id) FROM rotated;
 
 -- Database roles of the cutover (composed with psycopg.sql: {role} and {group} are identifiers,
 -- {verifier} a literal SCRAM verifier computed client-side, so no password is ever sent or logged).

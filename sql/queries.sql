@@ -312,6 +312,12 @@ FROM workers WHERE worker_id = %(worker_id)s;
 UPDATE workers SET last_seen_at = now() WHERE worker_id = %(worker_id)s
   AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
 
+-- name: touch_workers
+-- The workers whose cached credentials requests presented since the last time (a few seconds): one
+-- statement for all of them, not one per request.
+UPDATE workers SET last_seen_at = now() WHERE worker_id = ANY(%(worker_ids)s)
+  AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
+
 -- name: worker_fairness_order
 -- read: when each worker last got a lease (round-robin fairness is rebuilt from the table).
 SELECT worker_id, last_lease_at FROM workers WHERE worker_id = ANY(%(worker_ids)s);

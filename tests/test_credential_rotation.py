@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from support.procs import aplusb_site, wait_for
+from support.procs import add_worker, aplusb_site, wait_for
 from support.programs import PROGRAMS
 
 from arbiter.store import credentials, leases
@@ -95,6 +95,80 @@ def test_revoke_ends_the_current_and_the_previous_secret(db, arbiters, tmp_path)
     assert again.returncode == 0 and "no longer" in again.stderr
     assert status_of(a, again.stdout.strip()) == 204
     assert status_of(a, new) == 401
+
+
+LONG_CACHE = 300.0  # the default: a verified credential is used this long while changes are heard
+
+
+def revoke_behind_judgectls_back(db, worker_id: str) -> None:
+    """What no NOTIFY announces: a cached credential stays in use (up to credential_cache_secs)."""
+    with db.connect() as conn:
+        conn.execute("UPDATE workers SET revoked_at = now() WHERE worker_id = %s", (worker_id,))
+
+
+def test_a_revocation_by_judgectl_is_heard_at_once_however_long_the_cache(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    with db.connect() as conn:
+        other = add_worker(conn, "home-2")
+    a = arbiters.start(db.dsn, credential_cache_secs=LONG_CACHE)
+    assert status_of(a, site.cred) == 204 and status_of(a, other) == 204
+    revoke_behind_judgectls_back(db, "home-2")
+    time.sleep(1.0)
+    assert status_of(a, other) == 204, "the cache is in use: a verified credential is not read again"
+    assert judgectl(db, "worker", "revoke", "home-1").returncode == 0
+    wait_for(lambda: status_of(a, site.cred) == 401, 3, interval=0.05, what="judgectl's revocation to be heard")
+    # A changed profile is heard too: the worker's languages are read again.
+    again = judgectl(db, "worker", "rotate", "home-1")
+    fresh = again.stdout.strip()
+    assert status_of(a, fresh) == 204
+    ensured = judgectl(db, "worker", "ensure", "home-1", "--kind", "home", "--languages", "c",
+                       "--credential-file", "-", stdin=fresh)
+    assert ensured.returncode == 0 and "kind/languages/slots set" in ensured.stdout, ensured.stdout
+    client = ArbiterClient([a.url], fresh, timeout=10)
+    with db.connect() as conn:
+        leases.submit(conn, site.user, site.problem, "python3", PROGRAMS["python3"]["AC"])
+    assert client.acquire(uuid.uuid4().hex, None, 0).status == 204, "home-1 judges only c now: no python3 for it"
+
+
+def watch_sessions(db) -> list[int]:
+    with db.connect() as conn:
+        return [pid for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN worker_credentials%' "
+            "OR query LIKE '%UPDATE workers SET last_seen_at = now() WHERE worker_id = ANY%'").fetchall()]
+
+
+def test_a_lost_listening_session_drops_what_was_cached(db, arbiters, tmp_path):
+    """Changes made while nobody listened are unknown: the cache starts empty with the new session."""
+    site = aplusb_site(db, tmp_path)
+    a = arbiters.start(db.dsn, credential_cache_secs=LONG_CACHE)
+    assert status_of(a, site.cred) == 204
+    revoke_behind_judgectls_back(db, "home-1")
+    assert status_of(a, site.cred) == 204, "cached"
+    pids = wait_for(lambda: watch_sessions(db), 5, what="the arbiter's listening session")
+    with db.connect() as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+    wait_for(lambda: status_of(a, site.cred) == 401, 10, interval=0.1, what="the cache to be dropped")
+    wait_for(lambda: set(watch_sessions(db)) - set(pids), 10, what="a new listening session")
+    until = time.monotonic() + 2.0  # the new session's LISTEN is seen a moment before it is heard
+    while time.monotonic() < until:
+        assert status_of(a, site.cred) == 401, "what was cached before the session was lost came back"
+        time.sleep(0.1)
+
+
+def test_a_worker_seen_through_the_cache_is_marked_seen(db, arbiters, tmp_path):
+    site = aplusb_site(db, tmp_path)
+    a = arbiters.start(db.dsn, credential_cache_secs=LONG_CACHE)
+
+    def last_seen():
+        with db.connect() as conn:
+            return conn.execute("SELECT last_seen_at FROM workers WHERE worker_id = 'home-1'").fetchone()[0]
+
+    assert status_of(a, site.cred) == 204
+    first = last_seen()
+    assert first is not None, "verified: seen at once"
+    time.sleep(1.5)
+    assert status_of(a, site.cred) == 204  # from the cache
+    wait_for(lambda: last_seen() > first, 10, interval=0.2, what="last_seen_at written for a cached credential")
 
 
 def test_worker_ensure_with_a_new_credential_is_a_rotation(db, tmp_path):

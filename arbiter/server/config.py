@@ -90,7 +90,9 @@ class ArbiterSettings:
     canary_language: str = "c"
     canary_keep_secs: float = 86400.0
     db_timeout_secs: float = 3.0
-    credential_cache_secs: float = 5.0
+    # A verified credential is used this long at most, while the process hears judgectl's changes
+    # (arbiter/server/credential_cache.py): a revocation through judgectl is heard at once.
+    credential_cache_secs: float = 300.0
     # Python's full garbage collection runs this often in each serving process instead of when its
     # own rule says (0: Python's rule); see arbiter/server/gcpolicy.py.
     gc_full_collection_secs: float = 300.0
@@ -168,6 +170,8 @@ def load_settings(path: str | os.PathLike | None = None, **overrides) -> Arbiter
         raise ConfigError("config key 'canary_keep_secs' must be > 0")
     if settings.canary_language not in CANARY_PROGRAMS:
         raise ConfigError(f"config key 'canary_language' must be one of {', '.join(sorted(CANARY_PROGRAMS))}")
+    if not 0 <= settings.credential_cache_secs < math.inf:
+        raise ConfigError("config key 'credential_cache_secs' must be a number >= 0 (0: no credential is cached)")
     if not 0 <= settings.gc_full_collection_secs < math.inf:
         raise ConfigError("config key 'gc_full_collection_secs' must be a number >= 0 (0: Python's own rule)")
     if settings.legacy_yield_secs < 0:

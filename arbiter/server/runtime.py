@@ -11,6 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from arbiter.server import sdnotify
+from arbiter.server.credential_cache import CredentialCache, CredentialWatch, LastSeen
 from arbiter.server.loops.canary_probe import CanaryProbe
 from arbiter.server.loops.dispatcher import Dispatcher
 from arbiter.server.loops.janitor import Janitor
@@ -38,6 +39,10 @@ class _Serving:
         self.db_threads = ThreadPoolExecutor(settings.db_threads, thread_name_prefix="db")
         self.db_threads_urgent = ThreadPoolExecutor(URGENT_THREADS, thread_name_prefix="db-urgent")
         self.pool = db.make_pool(settings, self.health, max_size=settings.db_threads + URGENT_THREADS + 2)
+        # Workers' verified credentials, trusted while judgectl's changes are heard (a session apart).
+        self.credentials = CredentialCache(settings.credential_cache_secs)
+        self.last_seen = LastSeen()
+        self.credential_watch = CredentialWatch(settings, self.credentials, self.last_seen)
 
     async def db(self, fn, *args, urgent: bool = False):
         """``fn(*args)`` on a database thread; the calling coroutine waits without holding one."""
@@ -45,6 +50,7 @@ class _Serving:
         return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
 
     def _close_threads_and_pool(self) -> None:
+        self.credential_watch.stop()
         self.db_threads.shutdown(wait=False, cancel_futures=True)
         self.db_threads_urgent.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
@@ -75,6 +81,7 @@ class Runtime(_Serving):
         self.dispatcher.cancel_all()
 
     def start(self) -> "Runtime":
+        self.credential_watch.start()
         self.leader.start()
         self.dispatcher.start()
         self.janitor.start()
@@ -132,6 +139,7 @@ class LeaseRuntime(_Serving):
         # traffic reaches knows the database answers, instead of saying 503 until its first check.
         self._check_database()
         self._watch.start()
+        self.credential_watch.start()
         log.info("lease process started", extra={"db_threads": self.settings.db_threads})
         return self
 

@@ -306,8 +306,10 @@ def rotate_worker_credentials(lab: Lab, flow: Flow) -> None:
         assert conn.execute("SELECT count(*) FROM workers WHERE previous_secret_until > now() + interval '50 minutes'"
                             ).fetchone()[0] == len(old), "every worker's previous secret keeps its overlap"
         conn.execute("UPDATE workers SET previous_secret_until = now()")  # the overlap is over
+        # Announced as judgectl announces its changes: the arbiters forget what they cached.
+        conn.execute("SELECT pg_notify('worker_credentials', worker_id) FROM workers")
     ended = db_now(lab)
-    time.sleep(6)  # past the arbiter's credential cache (credential_cache_secs, 5 s by default)
+    time.sleep(6)  # the workers' next requests: with the new credential, or refused
     since = db_now(lab)
     wait_for(lambda: ("home-1", True) in transports_used_since(lab, since), 60, POLL_SECS,
              what="home-1 to judge through the arbiter with its new credential")

@@ -2,41 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import falcon
 from psycopg.rows import dict_row
 
 from arbiter.server.loops.tickets import WorkerIdentity
 from arbiter.store import credentials, leases
-
-
-class CredentialCache:
-    """Verified credentials for a few seconds, so that a heartbeat costs one query, not two.
-
-    Keyed by the SHA-256 of the secret; a revocation takes effect within ``ttl`` seconds.
-    """
-
-    def __init__(self, ttl: float):
-        self.ttl = ttl
-        self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], tuple[float, WorkerIdentity]] = {}
-
-    def get(self, worker_id: str, digest: str) -> WorkerIdentity | None:
-        with self._lock:
-            entry = self._entries.get((worker_id, digest))
-        if entry and entry[0] > time.monotonic():
-            return entry[1]
-        return None
-
-    def put(self, worker_id: str, digest: str, identity: WorkerIdentity, valid_secs: float | None = None) -> None:
-        """``valid_secs``: how long the database still accepts this secret (a rotated-out one), if bounded."""
-        ttl = self.ttl if valid_secs is None else min(self.ttl, valid_secs)
-        with self._lock:
-            if len(self._entries) > 10_000:
-                self._entries.clear()
-            self._entries[(worker_id, digest)] = (time.monotonic() + ttl, identity)
 
 
 def _unauthorized(description: str) -> falcon.HTTPUnauthorized:
@@ -48,7 +18,8 @@ class WorkerAuth:
 
     def __init__(self, runtime):
         self.runtime = runtime
-        self.cache = CredentialCache(runtime.settings.credential_cache_secs)
+        self.cache = runtime.credentials
+        self.last_seen = runtime.last_seen
 
     async def process_resource(self, req, resp, resource, params):
         if not getattr(resource, "auth", False):
@@ -64,13 +35,16 @@ class WorkerAuth:
         digest = credentials.hash_secret(secret)
         identity = self.cache.get(worker_id, digest)
         if identity is None:
+            generation = self.cache.generation()
             verified = await self.runtime.db(self._verify, worker_id, digest,
                                              urgent=getattr(resource, "urgent", False))
             if verified is None:
                 # Same answer for unknown, revoked, rotated-out and wrong secret: nothing to probe.
                 raise _unauthorized("unknown or revoked credential")
             identity, valid_secs = verified
-            self.cache.put(worker_id, digest, identity, valid_secs)
+            self.cache.put(worker_id, digest, identity, generation, valid_secs)
+        else:
+            self.last_seen.mark(worker_id)
         req.context.worker = identity
 
     def _verify(self, worker_id: str, digest: str) -> tuple[WorkerIdentity, float | None] | None:
