@@ -396,6 +396,37 @@ def _workers(conn, prefix: str, count: int, kind: str, languages=("python3",)) -
     return [WorkerIdentity(f"{prefix}-{i:03d}", kind, tuple(sorted(languages))) for i in range(count)]
 
 
+def test_retries_in_a_batch_get_their_earlier_lease_or_410_and_the_rest_new_leases(batch_dispatcher):
+    """A round matches first and looks up request_ids after (only for what it did not lease): a retry
+    in a batch makes the batch's grant rows collide, nothing is written, and the batch goes one by
+    one: the retry of a live lease gets that lease, the retry of a finished one is refused (410),
+    the new request gets new work."""
+    from arbiter.store import leases
+
+    d, db = batch_dispatcher
+    with db.connect() as conn:
+        live_w, dead_w, new_w = _workers(conn, "w", 3, "home")
+        sids = seed_submissions(conn, 4)
+        live = leases.acquire(conn, worker_id=live_w.worker_id, kind="home", request_id="again", languages=["python3"],
+                              unconfirmed_secs=10, legacy=None)
+        dead = leases.acquire(conn, worker_id=dead_w.worker_id, kind="home", request_id="again", languages=["python3"],
+                              unconfirmed_secs=10, legacy=None)
+        conn.execute("UPDATE submissions SET status = 'AC', lease_token = NULL WHERE id = %s", (dead.submission_id,))
+    retried_live, retried_dead, fresh = ticket(live_w, "again"), ticket(dead_w, "again"), ticket(new_w, "new")
+    for t in (retried_live, retried_dead, fresh):
+        d.park(t)
+    d.round()
+    assert retried_live.state is TicketState.LEASED and retried_live.retried
+    assert retried_live.lease.lease_token == live.lease_token
+    assert retried_dead.state is TicketState.WITHDRAWN and retried_dead.earlier_gone
+    assert fresh.state is TicketState.LEASED and fresh.lease.submission_id not in (live.submission_id,
+                                                                                    dead.submission_id)
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM lease_grants").fetchone() == (3,), "one new grant"
+        assert conn.execute("SELECT count(*) FROM submissions WHERE status = 'pending'").fetchone() == (1,)
+    assert len(sids) == 4
+
+
 def test_one_round_leases_a_burst_in_one_statement_home_first_oldest_first(batch_dispatcher):
     """300 parked requests (200 production parked first, then 100 home) and 150 pending: one round,
     one acquire_leases statement; every home request is served, the production ones share the rest,

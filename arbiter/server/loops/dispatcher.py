@@ -256,9 +256,6 @@ class Dispatcher:
                 self.legacy_compat = present
                 self._legacy_checked_at = now
             tickets = self.parked_snapshot()
-            unchecked = [t for t in tickets if not t.checked]
-            if unchecked:
-                tickets = self._check_retries(conn, tickets, unchecked)
             claimable = leases.ClaimableWork([])
             if tickets and self._should_look(now):
                 # Cleared before the look: a NOTIFY during it makes the next round look again.
@@ -283,31 +280,34 @@ class Dispatcher:
                 if granted:
                     self._dirty = True  # more work and more requests may be left: look again at once
                     self.on_granted()
+            # After the match, not before: a request that a batch leased was new (its grant row would
+            # have collided with an earlier one's, and the batch gone one by one, each retry getting
+            # its earlier lease); only those still parked need the look-up, none in a busy round.
+            unchecked = [t for t in self.parked_snapshot() if not t.checked]
+            if unchecked:
+                self._check_retries(conn, unchecked)
         self.health.mark_up()
         self.last_round_completed = time.monotonic()
         self.rounds += 1
         METRICS.inc("arbiter_dispatch_rounds_total")
 
-    def _check_retries(self, conn: psycopg.Connection, tickets: list[Ticket], unchecked: list[Ticket]) -> list[Ticket]:
-        """The requests parked since the last round, looked up in lease_grants in one statement
-        (instead of one per acquire before it parks): a retried request_id gets its earlier lease if
-        it is live, or is refused (410) if not. Returns the tickets left waiting for work."""
+    def _check_retries(self, conn: psycopg.Connection, unchecked: list[Ticket]) -> None:
+        """The requests parked since the last round and not leased by it, looked up in lease_grants
+        in one statement (instead of one per acquire before it parks): a retried request_id gets its
+        earlier lease if it is live, or is refused (410) if not."""
         found = leases.find_grants(conn, [t.key for t in unchecked])
-        handled = set()
         for ticket in unchecked:
             ticket.checked = True
             earlier = found.get(ticket.key)
             if earlier is None:
                 continue
             state, lease = earlier
-            handled.add(ticket.key)
             if state is leases.GrantState.LIVE:
                 if self.lot.begin_match(ticket):
                     ticket.retried = True
                     self.lot.finish_match(ticket, lease)
             else:
                 self.lot.refuse(ticket)
-        return [t for t in tickets if t.key not in handled] if handled else tickets
 
     def _look(self, conn: psycopg.Connection, tickets: list[Ticket], now: float) -> leases.ClaimableWork:
         """The queue as this round needs it. claimable_work counts every pending row, a cost that grows
@@ -476,6 +476,7 @@ class Dispatcher:
             # The same request_id was served concurrently (e.g. by another arbiter): hand out that lease.
             found = leases.find_grant(conn, ticket.worker.worker_id, ticket.request_id)
             lease = found[1] if found and found[0] is leases.GrantState.LIVE else None
+            ticket.retried = lease is not None  # a dead one: parked again, refused after this round
         except psycopg.errors.LockNotAvailable:
             self._dirty = True  # the work is still there: the next round looks again
             log.warning("legacy global lock busy; will retry next round")
