@@ -203,15 +203,14 @@ async def _leading_within(leader, secs: float) -> bool:
 async def _until_answered_or_gone(ticket: Ticket, wait: float, client_gone) -> None:
     """Wait for the ticket's signal, at most ``wait`` seconds, or until the client disconnects (so a
     worker that went away frees its parking place now, not when its long-poll would have ended)."""
-    answered = asyncio.ensure_future(ticket.event.wait_async(wait))
-    watchers = {answered}
-    if client_gone is not None:
-        watchers.add(asyncio.ensure_future(client_gone()))
+    if client_gone is None:
+        await ticket.event.wait_async(wait)
+        return
+    gone = asyncio.ensure_future(client_gone())
     try:
-        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+        await ticket.event.wait_async(wait, or_until=gone)
     finally:
-        for task in watchers:
-            task.cancel()
+        gone.cancel()
 
 
 def _outcome_error(outcome: WriteOutcome, what: str):

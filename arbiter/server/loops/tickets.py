@@ -74,7 +74,11 @@ class TicketState(enum.Enum):
 class TicketSignal:
     """"Look again": set by whichever thread moves the ticket to LEASED or WITHDRAWN (the dispatch
     thread, a request, a signal), awaited by the request's coroutine on the event loop, which holds
-    no thread while it waits. Also waitable from a plain thread (unit tests, tools)."""
+    no thread while it waits. Also waitable from a plain thread (unit tests, tools).
+
+    Each wait is a future of its own that ``set`` resolves on the loop: the waiting coroutine runs
+    again in the loop's next pass (no task in between), and a wait ended by something else (the
+    client gone) leaves nothing behind for the next one."""
 
     def __init__(self):
         self._flag = threading.Event()
@@ -82,15 +86,21 @@ class TicketSignal:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._event = asyncio.Event() if self._loop is not None else None
+        self._waiters: list[asyncio.Future] = []
 
     def set(self) -> None:
         self._flag.set()
         if self._loop is not None and not self._loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(self._event.set)
+                self._loop.call_soon_threadsafe(self._wake_waiters)
             except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
                 pass
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
 
     def is_set(self) -> bool:
         return self._flag.is_set()
@@ -99,16 +109,33 @@ class TicketSignal:
         """From a thread that is not the ticket's event loop."""
         return self._flag.wait(timeout)
 
-    async def wait_async(self, timeout: float | None) -> bool:
-        """From the coroutine that created the ticket: costs no thread."""
+    async def wait_async(self, timeout: float | None, or_until: asyncio.Future | None = None) -> bool:
+        """From the coroutine that created the ticket: costs no thread. Returns whether the signal
+        is set; ends also at ``timeout`` or when ``or_until`` is done, whichever comes first."""
         if self._flag.is_set():
             return True
+        waiter = self._loop.create_future()
+        self._waiters.append(waiter)
+        if self._flag.is_set():  # set between the check and the append: its wake-up may have run
+            return True
+
+        def end_wait(_) -> None:
+            if not waiter.done():
+                waiter.set_result(False)
+
+        if or_until is not None:
+            or_until.add_done_callback(end_wait)
         try:
             async with asyncio.timeout(timeout):
-                await self._event.wait()
+                await waiter
         except TimeoutError:
-            return self._flag.is_set()
-        return True
+            pass
+        finally:
+            if or_until is not None:
+                or_until.remove_done_callback(end_wait)
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return self._flag.is_set()
 
 
 @dataclass(eq=False)
