@@ -74,7 +74,8 @@ def test_the_grant_names_the_lease_port_and_the_lease_processes_serve_lease_traf
     on_lease_port = ArbiterClient([a.lease_url], cred)
     assert on_lease_port.heartbeat(sid, lease["lease_token"]).status == 200
     # The lease port has no parking lot: an acquire there is refused, and says where it belongs.
-    assert on_lease_port.acquire(uuid.uuid4().hex, None, 0).status == 404
+    refused = on_lease_port.acquire(uuid.uuid4().hex, None, 0)
+    assert refused.status == 404 and "acquire at the arbiter URL" in refused.body["description"], refused
     reply = on_lease_port.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC", "time_ms": 5})
     assert reply.status == 200, reply
     with site.connect() as conn:

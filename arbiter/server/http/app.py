@@ -115,7 +115,8 @@ def create_lease_asgi(runtime) -> ClientGone:
     """What a lease process serves (arbiter/server/roles.py): lease traffic and its probes only. An
     acquire sent here is a 404: it belongs on the arbiter URL, where the parked requests are."""
     return ClientGone(create_app(runtime, LEASE_ROUTES + [("/healthz", operator_api.Healthz),
-                                                           ("/readyz", operator_api.LeaseReadyz)]))
+                                                           ("/readyz", operator_api.LeaseReadyz),
+                                                           ("/v1/acquire", worker_api.AcquireElsewhere)]))
 
 
 def create_app(runtime, routes=None) -> falcon.asgi.App:

@@ -98,6 +98,16 @@ class Blob(Resource):
             seq, skip = seq + 1, 0
 
 
+class AcquireElsewhere(Resource):
+    """/v1/acquire on a lease port (arbiter/server/roles.py): no parking lot here. A 404 that says
+    where acquires go, for a worker whose arbiter URL names the lease port by mistake."""
+
+    async def on_post(self, req, resp):
+        raise falcon.HTTPNotFound(title="acquire is not served here",
+                                  description="this port serves lease traffic only (heartbeats, results, "
+                                              "releases, test data); acquire at the arbiter URL (its bind port)")
+
+
 class Acquire(Resource):
     routine = True
     auth = True
