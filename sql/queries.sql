@@ -314,9 +314,17 @@ UPDATE workers SET last_seen_at = now() WHERE worker_id = %(worker_id)s
 
 -- name: touch_workers
 -- The workers whose cached credentials requests presented since the last time (a few seconds): one
--- statement for all of them, not one per request.
-UPDATE workers SET last_seen_at = now() WHERE worker_id = ANY(%(worker_ids)s)
-  AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second');
+-- statement for many of them, not one per request. It never waits for a row lock (SKIP LOCKED: a
+-- worker whose row a grant holds is marked the next time), so beside acquire_leases, which updates
+-- several workers' rows too, no lock cycle can form; the caller sends at most a few hundred at a
+-- time, so a grant waits for this no longer than a few milliseconds.
+UPDATE workers SET last_seen_at = now()
+WHERE worker_id IN (
+    SELECT worker_id FROM workers
+    WHERE worker_id = ANY(%(worker_ids)s)
+      AND (last_seen_at IS NULL OR last_seen_at < now() - interval '1 second')
+    FOR UPDATE SKIP LOCKED
+);
 
 -- name: worker_fairness_order
 -- read: when each worker last got a lease (round-robin fairness is rebuilt from the table).

@@ -98,6 +98,20 @@ def test_the_retry_lookup_probes_an_index_however_many_grants_there_are(setup):
     assert len(leases.find_grants(conn, list(zip(keys["worker_ids"], keys["request_ids"])))) == 100
 
 
+def test_marking_workers_seen_never_waits_for_a_row_a_grant_holds(setup, db):
+    """touch_workers (many workers' last_seen_at at once) beside acquire_leases (many workers'
+    last_lease_at): if both waited for each other's rows, PostgreSQL would abort one as a deadlock.
+    touch_workers skips a locked row instead, and that worker is marked the next time."""
+    conn = setup
+    with db.connect() as granting:
+        with granting.transaction():
+            granting.execute("SELECT 1 FROM workers WHERE worker_id = 'home-1' FOR UPDATE")
+            conn.execute("SET lock_timeout = '500ms'")
+            conn.execute(leases.Q.touch_workers, {"worker_ids": ["home-1", "home-2"]})
+    seen = dict(conn.execute("SELECT worker_id, last_seen_at IS NOT NULL FROM workers").fetchall())
+    assert seen == {"home-1": False, "home-2": True}
+
+
 def test_heartbeat_confirms_and_extends_to_the_full_lease(setup):
     conn = setup
     (sid,) = seed_submissions(conn, 1)

@@ -21,6 +21,8 @@ log = logging.getLogger("arbiter.credentials")
 CHANNEL = "worker_credentials"
 # last_seen_at of the workers seen through the cache is written this often (one statement for all).
 LAST_SEEN_EVERY_SECS = 5.0
+# ... in statements of at most this many workers (each holds their rows' locks while it runs).
+LAST_SEEN_CHUNK = 500
 
 
 class CredentialCache:
@@ -160,5 +162,5 @@ class CredentialWatch:
             if self.clock() - written >= LAST_SEEN_EVERY_SECS:
                 written = self.clock()
                 seen = self.last_seen.take()
-                if seen:
-                    self._conn.execute(leases.Q.touch_workers, {"worker_ids": seen})
+                for start in range(0, len(seen), LAST_SEEN_CHUNK):
+                    self._conn.execute(leases.Q.touch_workers, {"worker_ids": seen[start:start + LAST_SEEN_CHUNK]})
