@@ -20,7 +20,7 @@ import psycopg
 
 from arbiter.protocol.vocabulary import LANGUAGES
 from arbiter.server import faults, sdnotify
-from arbiter.server.loops.tickets import ParkingLot, Ticket
+from arbiter.server.loops.tickets import ParkingLot, Ticket, TicketState
 from arbiter.server.metrics import METRICS
 from arbiter.store import db, leases
 
@@ -255,7 +255,7 @@ class Dispatcher:
                     log.info("dispatch mode", extra={"legacy_compat": present})
                 self.legacy_compat = present
                 self._legacy_checked_at = now
-            tickets = self.parked_snapshot()
+            parked = tickets = self.parked_snapshot()
             claimable = leases.ClaimableWork([])
             if tickets and self._should_look(now):
                 # Cleared before the look: a NOTIFY during it makes the next round look again.
@@ -283,7 +283,9 @@ class Dispatcher:
             # After the match, not before: a request that a batch leased was new (its grant row would
             # have collided with an earlier one's, and the batch gone one by one, each retry getting
             # its earlier lease); only those still parked need the look-up, none in a busy round.
-            unchecked = [t for t in self.parked_snapshot() if not t.checked]
+            # (Read without the lot's lock, a hint: begin_match and refuse check under it. A ticket
+            # parked during this round woke the next one, which looks it up.)
+            unchecked = [t for t in parked if not t.checked and t.state is TicketState.PARKED]
             if unchecked:
                 self._check_retries(conn, unchecked)
         self.health.mark_up()
