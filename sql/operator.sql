@@ -52,7 +52,7 @@ VALUES (%(worker_id)s, %(kind)s, %(languages)s, %(secret_sha256)s, %(slots)s);
 -- name: revoke_worker
 -- Both secrets go: a rotation's overlap never outlives a revocation. Each statement that changes a
 -- worker's credential or profile NOTIFYs worker_credentials (at commit) with its worker_id: every
--- arbiter process then forgets what it cached of that worker (arbiter/server/credential_watch.py).
+-- arbiter process then forgets what it cached of that worker (arbiter/server/credential_cache.py).
 WITH revoked AS (
     UPDATE workers SET revoked_at = now(), previous_secret_sha256 = NULL, previous_secret_until = NULL
     WHERE worker_id = %(worker_id)s AND revoked_at IS NULL

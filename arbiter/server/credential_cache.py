@@ -29,7 +29,7 @@ class CredentialCache:
     """Verified credentials, so that a heartbeat costs one statement (its own), not three.
 
     Trusted only while this process hears every change judgectl makes to workers (NOTIFY
-    worker_credentials, arbiter/server/credential_watch.py): a revocation, a rotation or a new
+    worker_credentials, ``CredentialWatch``): a revocation, a rotation or a new
     profile makes it forget that worker at once, and while it does not hear (no session yet, or the
     session lost, when changes may have gone unheard) nothing is cached or used. An entry lives
     ``ttl`` seconds at most, and no longer than the database accepts a rotated-out secret: what is
@@ -40,8 +40,7 @@ class CredentialCache:
     def __init__(self, ttl: float):
         self.ttl = ttl
         self._lock = threading.Lock()
-        self._entries: dict[str, dict[str, tuple[float, WorkerIdentity]]] = {}
-        self._size = 0
+        self._entries: dict[tuple[str, str], tuple[float, WorkerIdentity]] = {}
         self._heard = False
         # Counts what made entries stale: a verification that read the database before one of these
         # must not put its (maybe stale) answer in.
@@ -49,7 +48,7 @@ class CredentialCache:
 
     def get(self, worker_id: str, digest: str) -> WorkerIdentity | None:
         with self._lock:
-            entry = self._entries.get(worker_id, {}).get(digest) if self._heard else None
+            entry = self._entries.get((worker_id, digest)) if self._heard else None
         if entry and entry[0] > time.monotonic():
             return entry[1]
         return None
@@ -66,25 +65,22 @@ class CredentialCache:
         with self._lock:
             if not self._heard or generation != self._generation:
                 return
-            if self._size >= 20_000:
+            if len(self._entries) >= 20_000:
                 self._entries.clear()
-                self._size = 0
-            digests = self._entries.setdefault(worker_id, {})
-            self._size += digest not in digests
-            digests[digest] = (time.monotonic() + ttl, identity)
+            self._entries[(worker_id, digest)] = (time.monotonic() + ttl, identity)
 
     def forget(self, worker_id: str) -> None:
-        """judgectl changed this worker: verify it again."""
+        """judgectl changed this worker: verify it again. (Rare: a scan of the entries will do.)"""
         with self._lock:
             self._generation += 1
-            self._size -= len(self._entries.pop(worker_id, {}))
+            for key in [key for key in self._entries if key[0] == worker_id]:
+                del self._entries[key]
 
     def hearing(self, heard: bool) -> None:
         """Whether changes are heard from now on; either way, what was cached before is dropped."""
         with self._lock:
             self._generation += 1
             self._entries.clear()
-            self._size = 0
             self._heard = heard
 
 
@@ -120,7 +116,6 @@ class CredentialWatch:
         self.clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="credential-watch", daemon=True)
-        self._conn: psycopg.Connection | None = None
 
     def start(self) -> "CredentialWatch":
         self._thread.start()
@@ -133,14 +128,15 @@ class CredentialWatch:
     def _run(self) -> None:
         failed = False
         while not self._stop.is_set():
+            conn = None
             try:
-                self._conn = db.connect_session(self.settings)
-                self._conn.execute(f"LISTEN {CHANNEL}")
+                conn = db.connect_session(self.settings)
+                conn.execute(f"LISTEN {CHANNEL}")
                 self.cache.hearing(True)
                 if failed:
                     log.info("listening for worker_credentials again")
                 failed = False
-                self._listen()
+                self._listen(conn)
             except (psycopg.Error, OSError) as exc:
                 self.cache.hearing(False)
                 if not failed:
@@ -149,18 +145,17 @@ class CredentialWatch:
                 failed = True
                 self._stop.wait(1.0)
             finally:
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
+                if conn is not None:
+                    conn.close()
         self.cache.hearing(False)
 
-    def _listen(self) -> None:
+    def _listen(self, conn: psycopg.Connection) -> None:
         written = self.clock()
         while not self._stop.is_set():
-            for notification in self._conn.notifies(timeout=1.0):
+            for notification in conn.notifies(timeout=1.0):
                 self.cache.forget(notification.payload)
             if self.clock() - written >= LAST_SEEN_EVERY_SECS:
                 written = self.clock()
                 seen = self.last_seen.take()
                 for start in range(0, len(seen), LAST_SEEN_CHUNK):
-                    self._conn.execute(leases.Q.touch_workers, {"worker_ids": seen[start:start + LAST_SEEN_CHUNK]})
+                    conn.execute(leases.Q.touch_workers, {"worker_ids": seen[start:start + LAST_SEEN_CHUNK]})
