@@ -16,9 +16,11 @@ ParkingLot below, under its lock:
     refuse         PARKED    -> WITHDRAWN   its request_id was served before and that lease is gone
                                             (the request answers 410)
 
-A round looks up every newly parked ticket's request_id in lease_grants before it matches anything
-(``checked``): a retried request whose earlier lease is live gets that lease (begin_match,
-finish_match with it: ``retried``), one whose lease is gone is refused; the others wait for work.
+A round looks up in lease_grants the request_ids of the newly parked tickets it did not lease
+(``checked``), after it matched: a retried request whose earlier lease is live gets that lease
+(begin_match, finish_match with it: ``retried``), one whose lease is gone is refused; the others
+wait for work. (A retry inside a batch collides with its earlier grant row, and the batch goes one
+request at a time: the dispatcher's _match gives it its earlier lease or parks it again.)
 
 LEASED and WITHDRAWN are final. The lot holds only tickets whose request still waits: a ticket
 leaves the lot the moment its request leaves, whatever its state, so no place is ever held for a
@@ -114,10 +116,10 @@ class TicketSignal:
         is set; ends also at ``timeout`` or when ``or_until`` is done, whichever comes first."""
         if self._flag.is_set():
             return True
+        # A set() from another thread after the check above has its wake-up still to run on this
+        # loop, after the append: it resolves this waiter.
         waiter = self._loop.create_future()
         self._waiters.append(waiter)
-        if self._flag.is_set():  # set between the check and the append: its wake-up may have run
-            return True
 
         def end_wait(_) -> None:
             if not waiter.done():
