@@ -106,6 +106,19 @@ def test_the_real_arbiter_serves_status_to_the_token_and_never_logs_it(db, arbit
     assert TOKEN not in a.log_text()
 
 
+def test_the_peer_is_the_socket_s_a_forwarded_for_header_is_not_read(db, arbiters):
+    # The arbiter is served directly, never behind a proxy: the address that decides operator access is
+    # the connection's, whatever a client writes in X-Forwarded-For (uvicorn would otherwise take it
+    # from a client on loopback, and parse it on every request).
+    import urllib.error
+    import urllib.request
+
+    a = arbiters.start(db.dsn)
+    request = urllib.request.Request(a.url + "/v1/status", headers={"X-Forwarded-For": REMOTE})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert reply.status == 200
+
+
 def test_status_counts_live_work_exactly_and_the_history_as_an_estimate(db, arbiters, tmp_path):
     with db.connect() as conn:
         seed_problem(conn)

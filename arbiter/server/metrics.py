@@ -94,6 +94,7 @@ class Metrics:
     def __init__(self):
         self._lock = threading.Lock()
         self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._histogram_keys: dict[tuple, tuple[list, tuple, tuple]] = {}
 
     def inc(self, name: str, amount: float = 1, **labels) -> None:
         key = (name, tuple(sorted(labels.items())))
@@ -104,16 +105,26 @@ class Metrics:
         """One observation of a histogram: its cumulative buckets, sum and count."""
         base = tuple(sorted(labels.items()))
         with self._lock:
-            for bound in (*buckets, float("inf")):
+            keys = self._histogram_keys.get((name, base, buckets))
+            if keys is None:
+                keys = self._histogram_keys[(name, base, buckets)] = self._new_histogram(name, base, buckets)
+            bucket_keys, sum_key, count_key = keys
+            for bound, key in zip(buckets, bucket_keys):
                 if value <= bound:
-                    key = (name + "_bucket", tuple(sorted((*base, ("le", _number(bound) if bound != float("inf")
-                                                                      else "+Inf")))))
-                    self._values[key] = self._values.get(key, 0) + 1
-                else:
-                    key = (name + "_bucket", tuple(sorted((*base, ("le", _number(bound))))))
-                    self._values.setdefault(key, 0)
-            self._values[(name + "_sum", base)] = self._values.get((name + "_sum", base), 0) + value
-            self._values[(name + "_count", base)] = self._values.get((name + "_count", base), 0) + 1
+                    self._values[key] += 1
+            self._values[bucket_keys[-1]] += 1  # +Inf
+            self._values[sum_key] += value
+            self._values[count_key] += 1
+
+    def _new_histogram(self, name: str, base: tuple, buckets) -> tuple[list, tuple, tuple]:
+        """A histogram's sample keys, each at 0 (every bucket shows from the first observation on).
+        Made once per label set: an observation then sorts no labels (one per result received)."""
+        bucket_keys = [(name + "_bucket", tuple(sorted((*base, ("le", _number(bound)))))) for bound in buckets]
+        bucket_keys.append((name + "_bucket", tuple(sorted((*base, ("le", "+Inf"))))))
+        sum_key, count_key = (name + "_sum", base), (name + "_count", base)
+        for key in (*bucket_keys, sum_key, count_key):
+            self._values.setdefault(key, 0)
+        return bucket_keys, sum_key, count_key
 
     def set_gauge(self, name: str, value: float, **labels) -> None:
         with self._lock:
