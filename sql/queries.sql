@@ -133,47 +133,77 @@ JOIN submissions s ON s.id = g.submission_id
 JOIN problems p ON p.id = s.problem_id;
 
 -- name: heartbeat_lease
--- arrow: judging -> judging (confirm on the first call, extend on each).
-UPDATE submissions
+-- arrow: judging -> judging (confirm on the first call, extend on each), for every heartbeat of a
+-- batch: the ones a serving process received together, written as one statement (group commit,
+-- arbiter/server/group_commit.py; a single heartbeat is a batch of one). Each row moves only under
+-- its own (submission, token, worker). The rows are locked in id order first (`held`), as
+-- record_result's are: two batches, or a batch and a one-row statement, never wait on each other
+-- in a cycle.
+WITH beat AS (
+    SELECT * FROM unnest(%(submission_ids)s::bigint[], %(lease_tokens)s::uuid[], %(worker_ids)s::text[])
+        AS b(submission_id, lease_token, worker_id)
+), held AS MATERIALIZED (
+    SELECT s.id FROM submissions s JOIN beat b ON s.id = b.submission_id
+    WHERE s.status = 'judging' AND s.lease_token = b.lease_token AND s.worker_id = b.worker_id
+    ORDER BY s.id
+    FOR NO KEY UPDATE OF s
+)
+UPDATE submissions s
 SET lease_expires_at = now() + make_interval(secs => %(lease_secs)s),
-    lease_confirmed_at = coalesce(lease_confirmed_at, now())
-WHERE id = %(submission_id)s AND status = 'judging'
-  AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
-RETURNING lease_expires_at;
+    lease_confirmed_at = coalesce(s.lease_confirmed_at, now())
+FROM held JOIN beat b ON b.submission_id = held.id
+WHERE s.id = held.id AND s.status = 'judging' AND s.lease_token = b.lease_token AND s.worker_id = b.worker_id
+RETURNING s.id, s.lease_token, s.worker_id, s.lease_expires_at;
 
 -- name: record_result
--- arrow: judging -> verdict. History row, verdict, first pass and XP in one statement:
--- XP is granted only when the first-pass insert inserted.
-WITH decided AS (
-    UPDATE submissions
-    SET status = %(verdict)s, judged_at = now(), lease_expires_at = NULL
-    WHERE id = %(submission_id)s AND status = 'judging'
-      AND lease_token = %(lease_token)s AND worker_id = %(worker_id)s
-    RETURNING id, user_id, problem_id, worker_id, lease_token, lease_gen, canary_expect, lease_slot,
-              extract(epoch FROM now() - leased_at)::float8 AS judging_secs
+-- arrow: judging -> verdict, for every result of a batch (group commit, as heartbeat_lease; a single
+-- result is a batch of one). History row, verdict, first pass and XP in one statement: XP is granted
+-- only for the first passes that inserted (two accepted solutions of one problem by one user in one
+-- batch: the older submission's), summed per user (one user's first passes of two problems in one
+-- batch: both rewards). Rows locked in id order first, as heartbeat_lease's.
+WITH report AS (
+    SELECT * FROM unnest(%(submission_ids)s::bigint[], %(lease_tokens)s::uuid[], %(worker_ids)s::text[],
+                         %(verdicts)s::text[], %(times_ms)s::int[], %(memories_kb)s::int[], %(details)s::jsonb[],
+                         %(data_digests)s::text[])
+        AS r(submission_id, lease_token, worker_id, verdict, time_ms, memory_kb, detail, data_digest)
+), held AS MATERIALIZED (
+    SELECT s.id FROM submissions s JOIN report r ON s.id = r.submission_id
+    WHERE s.status = 'judging' AND s.lease_token = r.lease_token AND s.worker_id = r.worker_id
+    ORDER BY s.id
+    FOR NO KEY UPDATE OF s
+), decided AS (
+    UPDATE submissions s
+    SET status = r.verdict, judged_at = now(), lease_expires_at = NULL
+    FROM held JOIN report r ON r.submission_id = held.id
+    WHERE s.id = held.id AND s.status = 'judging' AND s.lease_token = r.lease_token AND s.worker_id = r.worker_id
+    RETURNING s.id, s.user_id, s.problem_id, s.worker_id, s.lease_token, s.lease_gen, s.canary_expect, s.lease_slot,
+              r.verdict, r.time_ms, r.memory_kb, r.detail, r.data_digest,
+              extract(epoch FROM now() - s.leased_at)::float8 AS judging_secs
 ), history AS (
     INSERT INTO submission_judgings
         (submission_id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, decided_by, data_digest,
          slot)
-    SELECT id, worker_id, %(verdict)s, %(time_ms)s, %(memory_kb)s, %(detail)s, lease_token, lease_gen, 'worker',
-           %(data_digest)s, lease_slot
+    SELECT id, worker_id, verdict, time_ms, memory_kb, detail, lease_token, lease_gen, 'worker', data_digest, lease_slot
     FROM decided
-    RETURNING seq
+    RETURNING submission_id, seq
 ), first_pass AS (
     INSERT INTO first_passes (user_id, problem_id, submission_id)
-    SELECT user_id, problem_id, id FROM decided WHERE %(verdict)s = 'AC' AND canary_expect IS NULL
+    SELECT user_id, problem_id, id FROM decided WHERE verdict = 'AC' AND canary_expect IS NULL
+    ORDER BY id
     ON CONFLICT (user_id, problem_id) DO NOTHING
-    RETURNING user_id, problem_id
+    RETURNING user_id, problem_id, submission_id
 ), xp AS (
-    UPDATE users u SET xp = u.xp + p.xp_reward
-    FROM first_pass fp JOIN problems p ON p.id = fp.problem_id
-    WHERE u.id = fp.user_id
+    UPDATE users u SET xp = u.xp + earned.reward
+    FROM (SELECT fp.user_id, sum(p.xp_reward) AS reward
+          FROM first_pass fp JOIN problems p ON p.id = fp.problem_id
+          GROUP BY fp.user_id) earned
+    WHERE u.id = earned.user_id
     RETURNING u.id
 )
-SELECT (SELECT count(*) FROM decided) AS decided,
-       (SELECT max(seq) FROM history) AS seq,
-       (SELECT count(*) FROM xp) AS xp_granted,
-       (SELECT judging_secs FROM decided) AS judging_secs;
+-- (xp runs unread: a data-modifying WITH always runs to completion)
+SELECT d.id AS submission_id, d.lease_token, d.worker_id, h.seq, fp.submission_id IS NOT NULL AS xp_granted, d.judging_secs
+FROM decided d JOIN history h ON h.submission_id = d.id
+LEFT JOIN first_pass fp ON fp.submission_id = d.id;
 
 -- name: find_decision_by_lease
 -- read: did this lease token already decide this submission? (duplicate result)

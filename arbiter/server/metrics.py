@@ -41,6 +41,11 @@ _HELP = {
                                       "410, 429), by status: the verdict waits in the worker's outbox/rejected/ "
                                       "(413: the worker sends it again without its detail)"),
     "arbiter_heartbeats_total": ("counter", "Heartbeats received, by outcome"),
+    "arbiter_group_commit_batches_total": ("counter", "Statements that wrote a batch of heartbeats or results (group "
+                                           "commit), by kind: writes / batches is the mean batch"),
+    "arbiter_group_commit_writes_total": ("counter", "Heartbeats or results written in batches, by kind"),
+    "arbiter_group_commit_split_total": ("counter", "Batches that failed as one statement and were written again one "
+                                         "write at a time (a deadlock broken, a value refused), by kind"),
     "arbiter_releases_total": ("counter", "Leases handed back by their workers, by outcome"),
     "arbiter_is_leader": ("gauge", "1 while this arbiter holds the leader lock"),
     "arbiter_db_up": ("gauge", "1 while the database answers"),

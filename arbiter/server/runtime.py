@@ -12,18 +12,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 from arbiter.server import sdnotify
 from arbiter.server.credential_cache import CredentialCache, CredentialWatch, LastSeen
+from arbiter.server.group_commit import GroupCommit
 from arbiter.server.loops.canary_probe import CanaryProbe
 from arbiter.server.loops.dispatcher import Dispatcher
 from arbiter.server.loops.janitor import Janitor
 from arbiter.server.loops.leader import LeaderLock
 from arbiter.server.loops.probes import StuckMonitor
 from arbiter.server.metrics import METRICS
-from arbiter.store import db
+from arbiter.store import db, leases
 
 log = logging.getLogger("arbiter.runtime")
 
 
 URGENT_THREADS = 8
+# Batches of heartbeats, and of results, written at once (arbiter/server/group_commit.py), each kind
+# on up to this many of the urgent lane's threads: the rest is for releases and credential checks.
+GROUP_COMMIT_IN_FLIGHT = 3
+# A statement's share: heartbeats are small; results carry their detail (up to max_body_bytes each).
+HEARTBEATS_PER_BATCH = 500
+RESULTS_PER_BATCH = 100
+RESULT_BYTES_PER_BATCH = 4 * 1024 * 1024
 
 
 class _Serving:
@@ -43,6 +51,24 @@ class _Serving:
         self.credentials = CredentialCache(settings.credential_cache_secs)
         self.last_seen = LastSeen()
         self.credential_watch = CredentialWatch(settings, self.credentials, self.last_seen)
+        # Heartbeats and results, each kind written in batches (one statement for those that came together).
+        self.heartbeat_writes = GroupCommit("heartbeat", self._write_heartbeats, self._on_urgent_thread,
+                                            max_batch=HEARTBEATS_PER_BATCH, max_weight=HEARTBEATS_PER_BATCH,
+                                            max_in_flight=GROUP_COMMIT_IN_FLIGHT)
+        self.result_writes = GroupCommit("result", self._write_results, self._on_urgent_thread,
+                                         max_batch=RESULTS_PER_BATCH, max_weight=RESULT_BYTES_PER_BATCH,
+                                         max_in_flight=GROUP_COMMIT_IN_FLIGHT)
+
+    def _write_heartbeats(self, beats: list[leases.HeartbeatWrite]) -> list[leases.HeartbeatResult]:
+        with self.pool.connection() as conn:
+            return leases.heartbeats(conn, beats, lease_secs=self.settings.lease_secs)
+
+    def _write_results(self, reports: list[leases.ResultWrite]) -> list[leases.ResultRecord]:
+        with self.pool.connection() as conn:
+            return leases.record_results(conn, reports)
+
+    def _on_urgent_thread(self, fn):
+        return self.db(fn, urgent=True)
 
     async def db(self, fn, *args, urgent: bool = False):
         """``fn(*args)`` on a database thread; the calling coroutine waits without holding one."""

@@ -305,13 +305,59 @@ def _fenced_write(conn: psycopg.Connection, statement: str, params: dict[str, An
     return _explain_miss(conn, worker_id, submission_id, token), None
 
 
+@dataclass(frozen=True)
+class HeartbeatWrite:
+    """One heartbeat request: extend this lease, if it is still this worker's."""
+    worker_id: str
+    submission_id: int
+    lease_token: str | uuid.UUID
+
+
+def heartbeats(conn: psycopg.Connection, beats: list[HeartbeatWrite], *, lease_secs: float) -> list[HeartbeatResult]:
+    """judging -> judging for each heartbeat of a batch, one statement; the outcomes in the batch's
+    order. A miss is explained as for a heartbeat alone (GONE, NOT_YOURS, NOT_FOUND), nothing written;
+    the same heartbeat twice in a batch (a retry) is accepted twice, as it would be one after the other."""
+    keyed = _first_of_each(beats)
+    extended: dict[tuple[int, uuid.UUID, str], datetime] = {}
+    if keyed:
+        with _atomic(conn):
+            rows = conn.execute(Q.heartbeat_lease, {
+                "submission_ids": [key[0] for key in keyed], "lease_tokens": [key[1] for key in keyed],
+                "worker_ids": [key[2] for key in keyed], "lease_secs": lease_secs}).fetchall()
+        extended = {(submission_id, token, worker_id): expires_at
+                    for submission_id, token, worker_id, expires_at in rows}
+    results = []
+    for beat in beats:
+        key = _key(beat)
+        if key in extended:
+            results.append(HeartbeatResult(WriteOutcome.ACCEPTED, extended[key]))
+        else:
+            results.append(HeartbeatResult(_explain_miss(conn, beat.worker_id, beat.submission_id, key and key[1])))
+    return results
+
+
 def heartbeat(
     conn: psycopg.Connection, *, worker_id: str, submission_id: int, lease_token: str | uuid.UUID, lease_secs: float
 ) -> HeartbeatResult:
-    """judging -> judging: confirm (first call) or extend the lease."""
-    outcome, row = _fenced_write(conn, Q.heartbeat_lease, {"lease_secs": lease_secs}, worker_id=worker_id,
-                                 submission_id=submission_id, lease_token=lease_token)
-    return HeartbeatResult(outcome, row[0] if row else None)
+    """judging -> judging: confirm (first call) or extend the lease (a batch of one)."""
+    return heartbeats(conn, [HeartbeatWrite(worker_id, submission_id, lease_token)], lease_secs=lease_secs)[0]
+
+
+def _key(write) -> tuple[int, uuid.UUID, str] | None:
+    """What a batch statement matches a write by; None for a malformed token (never sent)."""
+    token = _as_uuid(write.lease_token)
+    return None if token is None else (write.submission_id, token, write.worker_id)
+
+
+def _first_of_each(writes: list) -> dict[tuple[int, uuid.UUID, str], Any]:
+    """The writes a batch statement carries: the first of each key, in the batch's order (the
+    statement locks their rows in id order, whatever this order is)."""
+    first: dict[tuple[int, uuid.UUID, str], Any] = {}
+    for write in writes:
+        key = _key(write)
+        if key is not None:
+            first.setdefault(key, write)
+    return first
 
 
 def release(
@@ -322,6 +368,63 @@ def release(
     outcome, row = _fenced_write(conn, Q.release_lease, {"reason": reason, "max_releases": max_releases},
                                  worker_id=worker_id, submission_id=submission_id, lease_token=lease_token)
     return ReleaseResult(outcome, row[1] if row else None)
+
+
+@dataclass(frozen=True)
+class ResultWrite:
+    """One result request: decide this submission under this lease."""
+    worker_id: str
+    submission_id: int
+    lease_token: str | uuid.UUID
+    verdict: str
+    time_ms: int | None = None
+    memory_kb: int | None = None
+    detail: dict[str, Any] | None = None
+    data_digest: str | None = None
+
+
+def record_results(conn: psycopg.Connection, reports: list[ResultWrite]) -> list[ResultRecord]:
+    """judging -> verdict for each result of a batch, one statement; the records in the batch's order.
+    A result that decided nothing is answered as record_result() would: a repeat of a token that
+    already decided (DUPLICATE, also a second copy in the same batch), or the miss explained."""
+    for report in reports:
+        if report.verdict not in vocabulary.VERDICTS:
+            raise ValueError(f"unknown verdict {report.verdict!r}")
+    keyed = _first_of_each(reports)
+    decided: dict[tuple[int, uuid.UUID, str], ResultRecord] = {}
+    if keyed:
+        sent = list(keyed.values())
+        with _atomic(conn):
+            rows = conn.execute(Q.record_result, {
+                "submission_ids": [key[0] for key in keyed], "lease_tokens": [key[1] for key in keyed],
+                "worker_ids": [key[2] for key in keyed], "verdicts": [r.verdict for r in sent],
+                "times_ms": [r.time_ms for r in sent], "memories_kb": [r.memory_kb for r in sent],
+                "details": [Jsonb(r.detail or {}) for r in sent], "data_digests": [r.data_digest for r in sent],
+            }).fetchall()
+        for submission_id, token, worker_id, seq, xp_granted, judging_secs in rows:
+            key = (submission_id, token, worker_id)
+            decided[key] = ResultRecord(WriteOutcome.ACCEPTED, keyed[key].verdict, seq, xp_granted, judging_secs)
+    records = []
+    for report in reports:
+        key = _key(report)
+        if key in decided and keyed[key] is report:
+            records.append(decided[key])
+        else:  # decided nothing: a repeat (also a copy later in this batch), or a miss
+            records.append(_result_missed(conn, report, key and key[1]))
+    return records
+
+
+def _result_missed(conn: psycopg.Connection, report: ResultWrite, token: uuid.UUID | None) -> ResultRecord:
+    if token is None:
+        return ResultRecord(_explain_miss(conn, report.worker_id, report.submission_id, None))
+    with conn.cursor(row_factory=dict_row) as cur:
+        earlier = cur.execute(Q.find_decision_by_lease,
+                              {"submission_id": report.submission_id, "lease_token": token}).fetchone()
+    if earlier is not None:
+        if earlier["worker_id"] != report.worker_id:
+            return ResultRecord(WriteOutcome.NOT_YOURS)
+        return ResultRecord(WriteOutcome.DUPLICATE, earlier["verdict"], earlier["seq"])
+    return ResultRecord(_explain_miss(conn, report.worker_id, report.submission_id, token))
 
 
 def record_result(
@@ -336,35 +439,10 @@ def record_result(
     detail: dict[str, Any] | None = None,
     data_digest: str | None = None,
 ) -> ResultRecord:
-    """judging -> verdict under this token; a repeat of the same token answers as the first time."""
-    if verdict not in vocabulary.VERDICTS:
-        raise ValueError(f"unknown verdict {verdict!r}")
-    token = _as_uuid(lease_token)
-    if token is None:
-        return ResultRecord(_explain_miss(conn, worker_id, submission_id, None))
-    with _atomic(conn):
-        decided, seq, xp, judging_secs = conn.execute(
-            Q.record_result,
-            {
-                "submission_id": submission_id,
-                "lease_token": token,
-                "worker_id": worker_id,
-                "verdict": verdict,
-                "time_ms": time_ms,
-                "memory_kb": memory_kb,
-                "detail": Jsonb(detail or {}),
-                "data_digest": data_digest,
-            },
-        ).fetchone()
-    if decided:
-        return ResultRecord(WriteOutcome.ACCEPTED, verdict, seq, bool(xp), judging_secs)
-    with conn.cursor(row_factory=dict_row) as cur:
-        earlier = cur.execute(Q.find_decision_by_lease, {"submission_id": submission_id, "lease_token": token}).fetchone()
-    if earlier is not None:
-        if earlier["worker_id"] != worker_id:
-            return ResultRecord(WriteOutcome.NOT_YOURS)
-        return ResultRecord(WriteOutcome.DUPLICATE, earlier["verdict"], earlier["seq"])
-    return ResultRecord(_explain_miss(conn, worker_id, submission_id, token))
+    """judging -> verdict under this token (a batch of one); a repeat of the same token answers as the
+    first time."""
+    return record_results(conn, [ResultWrite(worker_id, submission_id, lease_token, verdict, time_ms, memory_kb,
+                                             detail, data_digest)])[0]
 
 
 @dataclass(frozen=True)
