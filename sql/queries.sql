@@ -135,47 +135,57 @@ JOIN problems p ON p.id = s.problem_id;
 -- name: heartbeat_lease
 -- arrow: judging -> judging (confirm on the first call, extend on each), for every heartbeat of a
 -- batch: the ones a serving process received together, written as one statement (group commit,
--- arbiter/server/group_commit.py; a single heartbeat is a batch of one). Each row moves only under
--- its own (submission, token, worker). The rows are locked in id order first (`held`), as
--- record_result's are: two batches, or a batch and a one-row statement, never wait on each other
--- in a cycle.
-WITH beat AS (
-    SELECT * FROM unnest(%(submission_ids)s::bigint[], %(lease_tokens)s::uuid[], %(worker_ids)s::text[])
+-- arbiter/server/group_commit.py; a single heartbeat is a batch of one). `held` locks each row by
+-- its id and keeps it only if, locked, it is still judging under this token and worker (the lock
+-- takes the row's newest version: a change committed meanwhile is seen); from then on the row is
+-- this statement's. One primary-key probe per heartbeat (LIMIT 1 keeps the check out of the probe:
+-- with statistics from before a contest's leases the planner took a partial index on judging rows
+-- and read all of them for each probe), in the arrays' order, which is the submissions'
+-- (arbiter/store/leases.py sorts them; a LATERAL runs once per row of its left side, in that
+-- side's order): rows are locked in id order, so two batches, or a batch and a one-row statement,
+-- never wait on each other in a cycle. A stale heartbeat locks a row it then leaves alone, for the
+-- statement's few milliseconds.
+WITH held AS MATERIALIZED (
+    SELECT s.id
+    FROM unnest(%(submission_ids)s::bigint[], %(lease_tokens)s::uuid[], %(worker_ids)s::text[])
         AS b(submission_id, lease_token, worker_id)
-), held AS MATERIALIZED (
-    SELECT s.id FROM submissions s JOIN beat b ON s.id = b.submission_id
+    CROSS JOIN LATERAL (
+        SELECT id, status, lease_token, worker_id FROM submissions WHERE id = b.submission_id
+        LIMIT 1 FOR NO KEY UPDATE
+    ) s
     WHERE s.status = 'judging' AND s.lease_token = b.lease_token AND s.worker_id = b.worker_id
-    ORDER BY s.id
-    FOR NO KEY UPDATE OF s
 )
 UPDATE submissions s
 SET lease_expires_at = now() + make_interval(secs => %(lease_secs)s),
     lease_confirmed_at = coalesce(s.lease_confirmed_at, now())
-FROM held JOIN beat b ON b.submission_id = held.id
-WHERE s.id = held.id AND s.status = 'judging' AND s.lease_token = b.lease_token AND s.worker_id = b.worker_id
+FROM held
+WHERE s.id = held.id
 RETURNING s.id, s.lease_token, s.worker_id, s.lease_expires_at;
 
 -- name: record_result
 -- arrow: judging -> verdict, for every result of a batch (group commit, as heartbeat_lease; a single
--- result is a batch of one). History row, verdict, first pass and XP in one statement: XP is granted
--- only for the first passes that inserted (two accepted solutions of one problem by one user in one
--- batch: the older submission's), summed per user (one user's first passes of two problems in one
--- batch: both rewards). Rows locked in id order first, as heartbeat_lease's.
+-- result is a batch of one; each row checked and locked in id order by `held`, as there). History
+-- row, verdict, first pass and XP in one statement: XP is granted only for the first passes that
+-- inserted (two accepted solutions of one problem by one user in one batch: the older submission's),
+-- summed per user (one user's first passes of two problems in one batch: both rewards).
 WITH report AS (
     SELECT * FROM unnest(%(submission_ids)s::bigint[], %(lease_tokens)s::uuid[], %(worker_ids)s::text[],
                          %(verdicts)s::text[], %(times_ms)s::int[], %(memories_kb)s::int[], %(details)s::jsonb[],
-                         %(data_digests)s::text[])
-        AS r(submission_id, lease_token, worker_id, verdict, time_ms, memory_kb, detail, data_digest)
+                         %(data_digests)s::text[]) WITH ORDINALITY
+        AS r(submission_id, lease_token, worker_id, verdict, time_ms, memory_kb, detail, data_digest, ord)
 ), held AS MATERIALIZED (
-    SELECT s.id FROM submissions s JOIN report r ON s.id = r.submission_id
+    SELECT s.id, r.ord
+    FROM report r
+    CROSS JOIN LATERAL (
+        SELECT id, status, lease_token, worker_id FROM submissions WHERE id = r.submission_id
+        LIMIT 1 FOR NO KEY UPDATE
+    ) s
     WHERE s.status = 'judging' AND s.lease_token = r.lease_token AND s.worker_id = r.worker_id
-    ORDER BY s.id
-    FOR NO KEY UPDATE OF s
 ), decided AS (
     UPDATE submissions s
     SET status = r.verdict, judged_at = now(), lease_expires_at = NULL
-    FROM held JOIN report r ON r.submission_id = held.id
-    WHERE s.id = held.id AND s.status = 'judging' AND s.lease_token = r.lease_token AND s.worker_id = r.worker_id
+    FROM held JOIN report r ON r.ord = held.ord
+    WHERE s.id = held.id
     RETURNING s.id, s.user_id, s.problem_id, s.worker_id, s.lease_token, s.lease_gen, s.canary_expect, s.lease_slot,
               r.verdict, r.time_ms, r.memory_kb, r.detail, r.data_digest,
               extract(epoch FROM now() - s.leased_at)::float8 AS judging_secs

@@ -350,14 +350,14 @@ def _key(write) -> tuple[int, uuid.UUID, str] | None:
 
 
 def _first_of_each(writes: list) -> dict[tuple[int, uuid.UUID, str], Any]:
-    """The writes a batch statement carries: the first of each key, in the batch's order (the
-    statement locks their rows in id order, whatever this order is)."""
+    """The writes a batch statement carries: the first of each key, sorted by submission, the order
+    the statement locks their rows in (so that batches never deadlock each other)."""
     first: dict[tuple[int, uuid.UUID, str], Any] = {}
     for write in writes:
         key = _key(write)
         if key is not None:
             first.setdefault(key, write)
-    return first
+    return dict(sorted(first.items(), key=lambda item: item[0][0]))
 
 
 def release(
