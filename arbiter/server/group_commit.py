@@ -84,6 +84,7 @@ class GroupCommit(Generic[WriteT, OutcomeT]):
         self._queued: list[PendingWrite[WriteT]] = []
         self._in_flight = 0
         self._starting = False  # a batch's start is scheduled for the loop's next turn
+        self._writing: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     async def write(self, write: WriteT, weight: int = 0) -> OutcomeT:
         """The write's outcome, once its batch is written; its error if it failed."""
@@ -121,7 +122,9 @@ class GroupCommit(Generic[WriteT, OutcomeT]):
             return
         batch = self._take()
         self._in_flight += 1
-        asyncio.ensure_future(self._write(batch))
+        task = asyncio.ensure_future(self._write(batch))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
         self._schedule(asyncio.get_running_loop())  # another batch may start beside it
 
     async def _write(self, batch: list[PendingWrite[WriteT]]) -> None:

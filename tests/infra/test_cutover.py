@@ -566,19 +566,39 @@ def monitoring(lab: Lab, flow: Flow) -> None:
         nodes[host].run_expect([0], f"{supervisorctl} stop judge-worker")
     try:
         def backdated() -> bool:
+            # The submission the gauge reads (sql/operator.sql oldest_pending_age): the oldest pending one
+            # never decided. (The oldest pending one may have been decided and rejudged: the gauge skips
+            # it, and backdating it would fire nothing.)
             with lab.connect() as conn:
                 return conn.execute(
-                    "UPDATE submissions SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) "
-                    "FROM submissions WHERE status = 'pending' AND canary_expect IS NULL) RETURNING id"
+                    "UPDATE submissions SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(s.id) "
+                    "FROM submissions s WHERE s.status = 'pending' AND s.canary_expect IS NULL AND NOT EXISTS "
+                    "(SELECT 1 FROM submission_judgings j WHERE j.submission_id = s.id)) RETURNING id"
                 ).fetchone() is not None
         wait_for(backdated, 30, 1, what="a submission waiting while every worker is stopped")
         # The rule's "for: 2m", a scrape and an evaluation (2 s each here).
-        wait_for(lambda: alert_state("JudgeBacklog") == "firing", 180, 2, what="JudgeBacklog to fire")
+        try:
+            wait_for(lambda: alert_state("JudgeBacklog") == "firing", 180, 2, what="JudgeBacklog to fire")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {backlog_evidence(lab)}") from None
     finally:
         for host in workers:
             nodes[host].run_expect([0], f"{supervisorctl} start judge-worker")
     settled(lab, flow)
     wait_for(lambda: alert_state("JudgeBacklog") is None, 60, 2, what="JudgeBacklog to resolve")
+
+
+def backlog_evidence(lab: Lab) -> dict:
+    """What a JudgeBacklog that did not fire leaves to look at: the gauge as each arbiter exported it
+    over the last 3 minutes, the alert's state, and the queue as the database has it now."""
+    series = prometheus("/api/v1/query", query="arbiter_oldest_pending_seconds[3m]")["result"]
+    with lab.connect() as conn:
+        queue = conn.execute(
+            "SELECT s.id, s.status, s.created_at, s.worker_id, (SELECT count(*) FROM submission_judgings j "
+            "WHERE j.submission_id = s.id) AS judgings FROM submissions s WHERE s.status IN ('pending', 'judging') "
+            "AND s.canary_expect IS NULL ORDER BY s.id LIMIT 5").fetchall()
+    return {"alert": alert_state("JudgeBacklog"), "queue": [tuple(map(str, row)) for row in queue],
+            "gauge": {r["metric"].get("instance"): [v for _, v in r["values"]][-90::10] for r in series}}
 
 
 def reach_stage(lab: Lab, stage: int) -> None:
