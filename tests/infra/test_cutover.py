@@ -340,7 +340,8 @@ def upgrade(lab: Lab, flow: Flow) -> None:
     after = node_checks.check_arbiters(lab.nodes(), lab.stage)
     assert after != leader, f"{leader} still leads: the leader was not upgraded last, or the lock went back"
     twice = leased_twice_since(lab, since)
-    assert not twice, f"submissions leased again during the upgrade (a reclaim or a release): {twice}"
+    assert not twice, (f"submissions leased again during the upgrade (a reclaim or a release): {twice}; "
+                       f"{regrant_evidence(lab, [sid for sid, _ in twice], since)}")
     node_checks.check_all(lab.nodes(), lab.secrets["judge_legacy_db_passwords"], lab.stage, lab.db_ha)
 
 
@@ -350,6 +351,17 @@ def first_grant_after(lab: Lab, since) -> float | None:
         seconds = conn.execute("SELECT extract(epoch FROM min(granted_at) - %s) FROM lease_grants "
                                "WHERE granted_at > %s", (since, since)).fetchone()[0]
     return None if seconds is None else float(seconds)
+
+
+def regrant_evidence(lab: Lab, submission_ids: list[int], since) -> list:
+    """For each submission leased twice: its grants (when, to whom, for which request) and what the row
+    says now (releases counted, attempts): a release shows in lease_releases, an expiry does not."""
+    with lab.connect() as conn:
+        return [tuple(map(str, row)) for row in conn.execute(
+            "SELECT g.submission_id, g.granted_at, g.worker_id, g.request_id, g.lease_gen, s.status, "
+            "s.lease_releases, s.judge_attempts, s.lease_confirmed_at FROM lease_grants g JOIN submissions s "
+            "ON s.id = g.submission_id WHERE g.submission_id = ANY(%s) AND g.granted_at >= %s "
+            "ORDER BY g.submission_id, g.granted_at", (submission_ids, since)).fetchall()]
 
 
 def leased_twice_since(lab: Lab, since) -> list:
