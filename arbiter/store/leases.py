@@ -321,9 +321,7 @@ def heartbeats(conn: psycopg.Connection, beats: list[HeartbeatWrite], *, lease_s
     extended: dict[tuple[int, uuid.UUID, str], datetime] = {}
     if keyed:
         with _atomic(conn):
-            rows = conn.execute(Q.heartbeat_lease, {
-                "submission_ids": [key[0] for key in keyed], "lease_tokens": [key[1] for key in keyed],
-                "worker_ids": [key[2] for key in keyed], "lease_secs": lease_secs}).fetchall()
+            rows = conn.execute(Q.heartbeat_lease, {**_key_arrays(keyed), "lease_secs": lease_secs}).fetchall()
         extended = {(submission_id, token, worker_id): expires_at
                     for submission_id, token, worker_id, expires_at in rows}
     results = []
@@ -358,6 +356,12 @@ def _first_of_each(writes: list) -> dict[tuple[int, uuid.UUID, str], Any]:
         if key is not None:
             first.setdefault(key, write)
     return dict(sorted(first.items(), key=lambda item: item[0][0]))
+
+
+def _key_arrays(keyed: dict[tuple[int, uuid.UUID, str], Any]) -> dict[str, list]:
+    """The keys of a batch as its statement's arrays, in the batch's (lock) order."""
+    return {"submission_ids": [key[0] for key in keyed], "lease_tokens": [key[1] for key in keyed],
+            "worker_ids": [key[2] for key in keyed]}
 
 
 def release(
@@ -396,8 +400,7 @@ def record_results(conn: psycopg.Connection, reports: list[ResultWrite]) -> list
         sent = list(keyed.values())
         with _atomic(conn):
             rows = conn.execute(Q.record_result, {
-                "submission_ids": [key[0] for key in keyed], "lease_tokens": [key[1] for key in keyed],
-                "worker_ids": [key[2] for key in keyed], "verdicts": [r.verdict for r in sent],
+                **_key_arrays(keyed), "verdicts": [r.verdict for r in sent],
                 "times_ms": [r.time_ms for r in sent], "memories_kb": [r.memory_kb for r in sent],
                 "details": [Jsonb(r.detail or {}) for r in sent], "data_digests": [r.data_digest for r in sent],
             }).fetchall()
