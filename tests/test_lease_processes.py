@@ -7,7 +7,9 @@ the lease processes' counters reach /metrics."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import threading
 import urllib.error
@@ -16,7 +18,7 @@ import uuid
 
 import pytest
 from support.fixtures_data import seed_problem, seed_submissions
-from support.procs import add_worker, wait_for
+from support.procs import add_worker, request_bytes, wait_for
 
 from arbiter.lab.devcluster import free_port
 from worker.delivery.http_client import ArbiterClient
@@ -196,3 +198,56 @@ def test_a_worker_whose_lease_port_does_not_answer_uses_its_arbiter_url(site, ar
     assert client.heartbeat(sid, lease["lease_token"]).status == 200
     assert client._order(lease_traffic=True) == [a.url]
     assert client.result(sid, {"lease_token": lease["lease_token"], "verdict": "AC"}).status == 200
+
+
+def exited(pid: int) -> bool:
+    """The process is gone or a zombie (its descriptors closed, its parent not yet told)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("busy", ["dispatch", "lease"])
+def test_a_stopping_arbiter_leaves_no_port_that_accepts_and_never_answers(site, arbiters, busy):
+    """An arbiter stops (SIGTERM to its process group, as supervisor stops it) while one of its serving
+    processes still finishes a request in flight (its body still arriving) and the other has exited.
+    A new connection to the exited process's port is refused or answered at once, so that a worker
+    goes to its next URL: never taken into a listening socket's backlog that no process serves any
+    more, where a heartbeat waits out the worker's request timeout (longer than a lease: a lease
+    lost to a rolling upgrade). Each serving process holds only the listening sockets it serves."""
+    a = start_with_lease_processes(arbiters, site, lease_processes=1, body_timeout_secs=10.0)
+    with site.connect() as conn:
+        cred = add_worker(conn, "home-1")
+    pid_roles = roles_of(a)
+    idle = "lease" if busy == "dispatch" else "dispatch"
+    (busy_pid,), (idle_pid,) = process_of(pid_roles, busy), process_of(pid_roles, idle)
+    port_of = {"dispatch": a.port, "lease": a.lease_port}
+    in_flight = socket.create_connection(("127.0.0.1", port_of[busy]), timeout=5)
+    try:
+        head = request_bytes("/v1/leases/1/heartbeat", {"lease_token": "x" * 40}, cred)
+        in_flight.sendall(head[:-10])  # all but the last bytes of the body: the request is in flight
+        a.signal_all(signal.SIGTERM)
+        wait_for(lambda: exited(idle_pid), 10, what=f"the {idle} process to exit")
+        assert not exited(busy_pid), f"the {busy} process exited: nothing held the stop"
+        try:
+            probe = socket.create_connection(("127.0.0.1", port_of[idle]), timeout=3)
+        except ConnectionRefusedError:
+            pass
+        else:
+            with probe:
+                probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+                try:
+                    answer = probe.recv(100)
+                except ConnectionResetError:
+                    answer = b""
+                except TimeoutError:
+                    pytest.fail(f"a connection to the {idle} port of a stopping arbiter was accepted and "
+                                f"not answered for 3 s (the {busy} process still holds its listening socket)")
+                assert answer == b"" or answer.startswith(b"HTTP/1.1 "), answer
+        assert not exited(busy_pid), f"the {busy} process exited during the probe: the probe proved nothing"
+    finally:
+        in_flight.close()
+    a.proc.wait(20)
+    assert os.path.exists(a.log_path)

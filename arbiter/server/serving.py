@@ -213,6 +213,16 @@ class ArbiterWorker(UvicornWorker):
         _raise_fd_limit()
         # Before the app is loaded (next, in this process): it builds what its role needs (asgi.py).
         os.environ[roles.ROLE_ENV] = roles.role_of(self)
+        # The listening sockets this process does not serve are closed here (the master keeps its
+        # own for the next process in either role). Held open unserved, a port whose own process has
+        # exited during a stop would still take connections into its backlog, and a worker's heartbeat
+        # there would wait out its request timeout, longer than a lease, instead of being refused and
+        # going to the next URL at once.
+        served = roles.sockets_for(roles.role_of(self), self.sockets)
+        for sock in self.sockets:
+            if sock not in served:
+                sock.close()
+        self.sockets = served
         super().init_process()
 
     async def _serve(self) -> None:
@@ -229,7 +239,7 @@ class ArbiterWorker(UvicornWorker):
             self.config.ssl = server_ssl_context(self.cfg.ssl_options["certfile"], self.cfg.ssl_options["keyfile"])
         server = ArbiterServer(config=self.config)
         self._install_sigquit_handler()
-        await server.serve(sockets=roles.sockets_for(roles.role_of(self), self.sockets))
+        await server.serve(sockets=self.sockets)
         if not server.started:
             from gunicorn.arbiter import Arbiter
 

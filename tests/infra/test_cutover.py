@@ -13,6 +13,7 @@ then the leading arbiter are killed under the flow.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -353,15 +354,43 @@ def first_grant_after(lab: Lab, since) -> float | None:
     return None if seconds is None else float(seconds)
 
 
-def regrant_evidence(lab: Lab, submission_ids: list[int], since) -> list:
+def regrant_evidence(lab: Lab, submission_ids: list[int], since) -> str:
     """For each submission leased twice: its grants (when, to whom, for which request) and what the row
-    says now (releases counted, attempts): a release shows in lease_releases, an expiry does not."""
+    says now (releases counted, attempts): a release shows in lease_releases, an expiry does not. Then
+    what the workers and the arbiters logged from a second before the first grant to a second after the
+    last (the lab is torn down after the run: this is all that is left to look at)."""
     with lab.connect() as conn:
-        return [tuple(map(str, row)) for row in conn.execute(
+        grants = conn.execute(
             "SELECT g.submission_id, g.granted_at, g.worker_id, g.request_id, g.lease_gen, s.status, "
             "s.lease_releases, s.judge_attempts, s.lease_confirmed_at FROM lease_grants g JOIN submissions s "
             "ON s.id = g.submission_id WHERE g.submission_id = ANY(%s) AND g.granted_at >= %s "
-            "ORDER BY g.submission_id, g.granted_at", (submission_ids, since)).fetchall()]
+            "ORDER BY g.submission_id, g.granted_at", (submission_ids, since)).fetchall()
+    lines = [" ".join(map(str, row)) for row in grants]
+    if grants:
+        utc = datetime.timezone.utc
+        start = min(g[1] for g in grants).astimezone(utc) - datetime.timedelta(seconds=1)
+        end = max(g[1] for g in grants).astimezone(utc) + datetime.timedelta(seconds=1)
+        logs = {name: "/var/log/judge-worker/worker.log" for name in node_checks.HOME + node_checks.PRODUCTION}
+        logs.update({name: "/var/log/judge-arbiter/arbiter.log" for name in node_checks.ARBITERS})
+        nodes = lab.nodes()
+        for name, path in logs.items():
+            lines.append(f"--- {name} {path}")
+            lines.extend(logged_between(nodes[name], path, start, end))
+    return "\n".join(lines)
+
+
+def logged_between(node, path: str, start: datetime.datetime, end: datetime.datetime, limit: int = 80) -> list[str]:
+    """The JSON log lines of ``path`` on ``node`` whose "ts" lies between ``start`` and ``end`` (UTC);
+    the first ``limit`` of them, then how many more."""
+    text = node.run(f"tail -n 20000 {shlex.quote(path)}").stdout
+    fmt = "%Y-%m-%dT%H:%M:%S.%f"
+    low, high = start.strftime(fmt)[:-3], end.strftime(fmt)[:-3]
+    found = []
+    for line in text.splitlines():
+        match = re.search(r'"ts": "([^"]+)Z"', line)
+        if match and low <= match.group(1) <= high:
+            found.append(line[:400])
+    return found[:limit] + ([f"... {len(found) - limit} more"] if len(found) > limit else [])
 
 
 def leased_twice_since(lab: Lab, since) -> list:
