@@ -21,7 +21,9 @@ from support.fixtures_data import seed_problem, seed_submissions
 from support.procs import add_worker, request_bytes, wait_for
 
 from arbiter.lab.devcluster import free_port
+from worker.delivery.assignment import Assignment
 from worker.delivery.http_client import ArbiterClient
+from worker.delivery.transport_arbiter import Heartbeats, job_from_lease
 
 
 @pytest.fixture
@@ -251,3 +253,25 @@ def test_a_stopping_arbiter_leaves_no_port_that_accepts_and_never_answers(site, 
         in_flight.close()
     a.proc.wait(20)
     assert os.path.exists(a.log_path)
+
+
+def test_a_heartbeat_waits_at_a_url_that_never_answers_no_longer_than_its_interval(site, arbiters):
+    """The first URL a heartbeat tries takes the connection and never answers (a listening socket no
+    process serves yet: an arbiter host's port while its process starts). The worker's request timeout
+    (10 s) is longer than the lease's first term (2 s here, 4 s in the lab), as in the lab: the
+    heartbeat moves to the next URL after its interval (1 s), and the lease is confirmed, not lost."""
+    a = arbiters.start(site.dsn)  # tests/support/procs.py FAST: unconfirmed 2 s, lease 4 s
+    with socket.socket() as silent, site.connect() as conn:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes connections; nothing ever accepts them
+        cred = add_worker(conn, "home-1")
+        (sid,) = seed_submissions(conn, 1)
+        lease = ArbiterClient([a.url], cred).acquire(uuid.uuid4().hex, None, 5).body
+        client = ArbiterClient([f"http://127.0.0.1:{silent.getsockname()[1]}", a.url], cred, timeout=10.0)
+        beats = Heartbeats(client, Assignment(job_from_lease(lease), lease["lease_token"], lease["lease_gen"],
+                                              "arbiter"), interval=1.0, backoff_max=1.0)
+        assert beats.beat(), "no URL answered the heartbeat"
+        assert not beats.lost.is_set(), "the lease was lost while the heartbeat waited at the silent URL"
+        row = conn.execute("SELECT status, lease_gen, lease_confirmed_at IS NOT NULL FROM submissions "
+                           "WHERE id = %s", (sid,)).fetchone()
+    assert row == ("judging", lease["lease_gen"], True), row

@@ -273,9 +273,10 @@ class ArbiterClient:
             self.learn_lease_port(reply.body["lease_port"])
         return reply
 
-    def heartbeat(self, submission_id: int, lease_token: str) -> Reply:
+    def heartbeat(self, submission_id: int, lease_token: str, timeout: float | None = None) -> Reply:
+        """``timeout``: how long to wait at each URL (default: the client's request timeout)."""
         return self.request("POST", f"/v1/leases/{submission_id}/heartbeat", {"lease_token": lease_token},
-                            lease_traffic=True)
+                            timeout=timeout, lease_traffic=True)
 
     def release(self, submission_id: int, lease_token: str, reason: str) -> Reply:
         return self.request("POST", f"/v1/leases/{submission_id}/release",

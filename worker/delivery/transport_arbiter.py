@@ -26,14 +26,24 @@ def job_from_lease(lease: dict) -> Job:
                checker_sha256=problem.get("checker_sha256"), data_digest=problem.get("data_digest"))
 
 
+# The least a heartbeat waits at one URL, however short the interval (a busy arbiter answers late).
+MIN_HEARTBEAT_WAIT_SECS = 1.0
+
+
 class Heartbeats(threading.Thread):
-    """Keeps one lease alive while it is judged; sets ``lost`` on 410 (or 403/404)."""
+    """Keeps one lease alive while it is judged; sets ``lost`` on 410 (or 403/404).
+
+    A heartbeat waits at one URL no longer than an interval (at least MIN_HEARTBEAT_WAIT_SECS), not the
+    request timeout: a URL that takes the request and never answers (a host gone silent, a port whose
+    process is still starting) would otherwise hold the heartbeat longer than the lease lasts, where
+    the next URL answers at once. A lease outlasts several intervals (docs/design.md)."""
 
     def __init__(self, client: ArbiterClient, assignment: Assignment, interval: float, backoff_max: float):
         super().__init__(daemon=True, name=f"heartbeat-{assignment.job.submission_id}")
         self.client = client
         self.assignment = assignment
         self.interval = interval
+        self.wait_per_url = min(client.timeout, max(interval, MIN_HEARTBEAT_WAIT_SECS))
         self.backoff = Backoff(1.0, backoff_max)
         self.lost = threading.Event()
         self.done = threading.Event()
@@ -42,7 +52,7 @@ class Heartbeats(threading.Thread):
         """One heartbeat. False when the arbiter could not be reached."""
         a = self.assignment
         try:
-            reply = self.client.heartbeat(a.job.submission_id, a.lease_token)
+            reply = self.client.heartbeat(a.job.submission_id, a.lease_token, timeout=self.wait_per_url)
         except Unreachable:
             return False
         if reply.status in (403, 404, 410):
