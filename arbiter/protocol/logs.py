@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
 _SECRET_KEYS = {"lease_token", "token", "authorization", "credential", "secret", "password", "dsn"}
+# Free text from elsewhere (an exception's message and traceback, an error's or a worker's words) may
+# quote a lease token: PostgreSQL's message for a unique violation names the row's key, lease token
+# and all. Lease tokens are UUIDs (either spelling); a credential travels as a bearer value.
+_FREE_TEXT_KEYS = {"exception", "error", "reason", "description", "detail"}
+_TOKEN_LIKE = re.compile(r"\b[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}\b"
+                         r"|(?i:bearer)\s+\S+")
+
+
+def scrub(text: str) -> str:
+    """``text`` with whatever looks like a lease token or a bearer credential replaced."""
+    return _TOKEN_LIKE.sub("[redacted]", text)
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -22,9 +34,13 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key in _STANDARD or key.startswith("_"):
                 continue
-            entry[key] = "[redacted]" if key.lower() in _SECRET_KEYS else value
+            if key.lower() in _SECRET_KEYS:
+                value = "[redacted]"
+            elif key.lower() in _FREE_TEXT_KEYS and isinstance(value, str):
+                value = scrub(value)
+            entry[key] = value
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = scrub(self.formatException(record.exc_info))
         return json.dumps(entry, default=str)
 
 
