@@ -94,6 +94,16 @@ def test_a_batch_takes_at_most_max_batch_writes_and_max_weight_but_always_one():
     asyncio.run(scenario())
 
 
+def test_without_max_weight_only_max_batch_bounds_a_batch():
+    async def scenario():
+        recorder = Recorder()
+        group = commit(recorder, max_batch=3, max_weight=None, max_in_flight=1)
+        await asyncio.gather(*(group.write(i, weight=10**9) for i in range(5)))
+        assert recorder.batches == [[0, 1, 2], [3, 4]]
+
+    asyncio.run(scenario())
+
+
 def test_a_write_that_fails_its_batch_is_the_only_one_to_fail():
     async def scenario():
         recorder = Recorder(poison=3)

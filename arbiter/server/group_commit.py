@@ -74,7 +74,9 @@ class GroupCommit(Generic[WriteT, OutcomeT]):
 
     def __init__(self, kind: str, write_batch: Callable[[list[WriteT]], list[OutcomeT]],
                  run: Callable[[Callable[[], list[OutcomeT]]], Awaitable[list[OutcomeT]]], *, max_batch: int,
-                 max_weight: int, max_in_flight: int):
+                 max_in_flight: int, max_weight: int | None = None):
+        """``max_weight``: a bound on the sum of a batch's writes' weights (their bodies' bytes), or None
+        for writes that weigh nothing worth bounding (heartbeats)."""
         self.kind = kind
         self._write_batch = write_batch
         self._run = run
@@ -108,7 +110,8 @@ class GroupCommit(Generic[WriteT, OutcomeT]):
         weight (at least one, however heavy)."""
         taken, weight = 0, 0
         for pending in self._queued:
-            if taken == self.max_batch or (taken and weight + pending.weight > self.max_weight):
+            over = self.max_weight is not None and weight + pending.weight > self.max_weight
+            if taken == self.max_batch or (taken and over):
                 break
             taken, weight = taken + 1, weight + pending.weight
         batch, self._queued = self._queued[:taken], self._queued[taken:]

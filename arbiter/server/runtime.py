@@ -53,7 +53,7 @@ class _Serving:
         self.credential_watch = CredentialWatch(settings, self.credentials, self.last_seen)
         # Heartbeats and results, each kind written in batches (one statement for those that came together).
         self.heartbeat_writes = GroupCommit("heartbeat", self._write_heartbeats, self._on_urgent_thread,
-                                            max_batch=HEARTBEATS_PER_BATCH, max_weight=HEARTBEATS_PER_BATCH,
+                                            max_batch=HEARTBEATS_PER_BATCH,
                                             max_in_flight=GROUP_COMMIT_IN_FLIGHT)
         self.result_writes = GroupCommit("result", self._write_results, self._on_urgent_thread,
                                          max_batch=RESULTS_PER_BATCH, max_weight=RESULT_BYTES_PER_BATCH,
