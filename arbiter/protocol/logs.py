@@ -9,6 +9,7 @@ import sys
 import time
 
 _SECRET_KEYS = {"lease_token", "token", "authorization", "credential", "secret", "password", "dsn"}
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 # Free text from elsewhere (an exception's message and traceback, an error's or a worker's words) may
 # quote a lease token: PostgreSQL's message for a unique violation names the row's key, lease token
 # and all. Lease tokens are UUIDs (either spelling); a credential travels as a bearer value.
@@ -20,7 +21,6 @@ _TOKEN_LIKE = re.compile(r"\b[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-
 def scrub(text: str) -> str:
     """``text`` with whatever looks like a lease token or a bearer credential replaced."""
     return _TOKEN_LIKE.sub("[redacted]", text)
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):

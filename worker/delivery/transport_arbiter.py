@@ -36,7 +36,7 @@ class Heartbeats(threading.Thread):
     A heartbeat waits at one URL no longer than an interval (at least MIN_HEARTBEAT_WAIT_SECS), not the
     request timeout: a URL that takes the request and never answers (a host gone silent, a port whose
     process is still starting) would otherwise hold the heartbeat longer than the lease lasts, where
-    the next URL answers at once. A lease outlasts several intervals (docs/design.md)."""
+    the next URL answers at once. A lease outlasts several intervals (docs/runbook.md, the lease port)."""
 
     def __init__(self, client: ArbiterClient, assignment: Assignment, interval: float, backoff_max: float):
         super().__init__(daemon=True, name=f"heartbeat-{assignment.job.submission_id}")
