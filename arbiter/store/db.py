@@ -52,6 +52,11 @@ def connect_kwargs(settings, session: bool = False) -> dict:
         # client's own: a false drop costs only a hand-over of the lock (it decides efficiency, never
         # correctness), a late one costs the site its dispatch.
         kwargs["options"] += " -c tcp_keepalives_idle=3 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3"
+        # Keepalives probe only a connection with nothing unacknowledged: cut as the server had just
+        # answered (the answer's ACK delayed, or lost with the line), the server would retransmit it for
+        # about 15 minutes and keep the lock all that while. Data unacknowledged as long as the
+        # keepalives take (6 s) closes the session too.
+        kwargs["options"] += " -c tcp_user_timeout=6000"
     if settings.session_dsn and not session:
         del kwargs["options"]
         kwargs["prepare_threshold"] = None

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
+import threading
 import time
 
 import psycopg
@@ -174,3 +176,61 @@ def test_a_leader_cut_from_the_database_only_is_replaced_by_the_standby(leader_h
         took = standby_takes_over(site, lambda: leader_host("db"), "leader cut from the database, workers parked on it",
                                   parked=True)
     assert took < PARKED_LONG["long_poll_secs"], f"the standby's first lease came {took:.1f} s after"
+
+
+# A leader-lock session as the arbiter opens it (arbiter/store/db.py connect_session), from the
+# leader's host: it takes the lock, listens on a channel and waits (this machine's NOTIFYs keep the
+# server sending to it).
+LOCK_HOLDER = """
+import sys, time
+from arbiter.server.config import ArbiterSettings
+from arbiter.store import db
+conn = db.connect_session(ArbiterSettings(dsn=sys.argv[1]))
+conn.execute("SELECT pg_advisory_lock(4242)")
+conn.execute("LISTEN chatter")
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lock_session_cut_while_the_server_awaits_an_ack_is_dropped_within_seconds(leader_host):
+    """The line to the leader is cut while the server is sending to its lock session (here: a stream of
+    NOTIFYs; in a site, the answer to the leader's check, whose ACK the leader's kernel delays).
+    Keepalives probe only a connection with nothing unacknowledged: the server would retransmit for
+    about 15 minutes, holding the lock, and no standby could lead (a CI run met this once: the
+    standby waited 60 s and more). The session's tcp_user_timeout drops it in seconds instead."""
+    db_link = LINKS["db"]
+    cluster = LocalCluster(fast=True, settings={"listen_addresses": f"'127.0.0.1,{db_link['host_ip']}'"}).init()
+    with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
+        hba.write(f"host all all {db_link['ns_ip']}/32 trust\n")
+    cluster.start()
+    holder = None
+    chatter_stops = threading.Event()
+    try:
+        holder = subprocess.Popen(["ip", "netns", "exec", NETNS, sys.executable, "-c", LOCK_HOLDER,
+                                   f"host={db_link['host_ip']} port={cluster.port} dbname=postgres user=postgres"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert holder.stdout.readline().strip() == "locked"
+
+        def chatter() -> None:
+            with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+                while not chatter_stops.wait(0.005):
+                    conn.execute("NOTIFY chatter, 'x'")
+
+        talking = threading.Thread(target=chatter, daemon=True)
+        talking.start()
+        time.sleep(0.5)
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            assert conn.execute("SELECT pg_try_advisory_lock(4242)").fetchone() == (False,)
+            leader_host("db")
+            cut_at = time.monotonic()
+            # A standby's try: free once the server has dropped the session.
+            wait_for(lambda: conn.execute("SELECT pg_try_advisory_lock(4242)").fetchone() == (True,), 40, 0.5,
+                     "the server to drop the cut lock session")
+            print(f"lock session dropped {time.monotonic() - cut_at:.1f} s after the cut")
+    finally:
+        chatter_stops.set()
+        if holder is not None:
+            holder.kill()
+            holder.wait(10)
+        cluster.destroy()
