@@ -133,16 +133,22 @@ def leader_host():
             subprocess.run(["ip", "link", "del", link["bridge"]], capture_output=True)
 
 
+def cluster_on_the_db_link(fast: bool) -> LocalCluster:
+    """A PostgreSQL on this machine, started, that the leader's host reaches on the db link too."""
+    db_link = LINKS["db"]
+    cluster = LocalCluster(fast=fast, settings={"listen_addresses": f"'127.0.0.1,{db_link['host_ip']}'"}).init()
+    with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
+        hba.write(f"host all all {db_link['ns_ip']}/32 trust\n")
+    return cluster.start()
+
+
 @contextlib.contextmanager
 def site_led_from(leader_host_ns: str, tmp_path):
     """A PostgreSQL on this machine (also on the db link), the leader a1 in the namespace, the standby
     a2 on this machine; the workers long-poll as a site's do (25 s, and 10 s more before a request
     counts as hung) and the arbiters hold such a long-poll whole, as by default."""
     db_link = LINKS["db"]
-    cluster = LocalCluster(fast=False, settings={"listen_addresses": f"'127.0.0.1,{db_link['host_ip']}'"}).init()
-    with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
-        hba.write(f"host all all {db_link['ns_ip']}/32 trust\n")
-    cluster.start()
+    cluster = cluster_on_the_db_link(fast=False)
     site = None
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
@@ -200,10 +206,7 @@ def test_a_lock_session_cut_while_the_server_awaits_an_ack_is_dropped_within_sec
     about 15 minutes, holding the lock, and no standby could lead (a CI run met this once: the
     standby waited 60 s and more). The session's tcp_user_timeout drops it in seconds instead."""
     db_link = LINKS["db"]
-    cluster = LocalCluster(fast=True, settings={"listen_addresses": f"'127.0.0.1,{db_link['host_ip']}'"}).init()
-    with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
-        hba.write(f"host all all {db_link['ns_ip']}/32 trust\n")
-    cluster.start()
+    cluster = cluster_on_the_db_link(fast=True)
     holder = None
     chatter_stops = threading.Event()
     try:
